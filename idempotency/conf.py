@@ -1,0 +1,54 @@
+"""The ``IDEMPOTENCY`` settings dict and its defaults (documented in docs/settings.md)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from tenancy.conf import AppSettings
+
+DEFAULTS: dict[str, Any] = {
+    # The request header that carries the key.
+    "HEADER": "Idempotency-Key",
+    # Whether views with the mixin answer 400 to an unsafe request without a key.
+    "REQUIRED": True,
+    # How long a finished key is replayed (timedelta or seconds).
+    "TTL": timedelta(hours=24),
+    # Longest accepted key, in characters.
+    "MAX_KEY_LENGTH": 255,
+    # Status codes of the answers the library gives itself.
+    "STATUS_KEY_MISSING": 400,
+    "STATUS_KEY_INVALID": 400,
+    "STATUS_MISMATCH": 422,
+    "STATUS_IN_PROGRESS": 409,
+    "STATUS_NO_TENANT": 403,
+    # Seconds advertised in Retry-After with the in-progress answer.
+    "RETRY_AFTER": 1,
+    # Seconds to wait for a duplicate in flight before answering in-progress;
+    # 0 answers at once (the IETF draft's behaviour). When the first request
+    # finishes within the wait, its answer is replayed.
+    "IN_PROGRESS_WAIT": 0,
+    # Answers that are neither stored nor replayed, besides every 5xx: the
+    # handler's writes are rolled back and a retry runs again.
+    "UNSTORED_STATUS_CODES": (401, 403, 404, 408, 409, 425, 429),
+    # Response headers stored with the answer and replayed.
+    "REPLAYED_HEADERS": ("Content-Type", "Location"),
+    # Unfinished keys older than this are reported by the reaper.
+    "STUCK_AFTER": timedelta(hours=1),
+    # Rows deleted per reaper transaction.
+    "REAP_BATCH_SIZE": 1000,
+}
+
+idempotency_settings = AppSettings("IDEMPOTENCY", DEFAULTS)
+
+
+def as_timedelta(value: timedelta | int | float, name: str) -> timedelta:
+    if isinstance(value, timedelta):
+        result = value
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        result = timedelta(seconds=value)
+    else:
+        raise TypeError(f"{name} must be a timedelta or a number of seconds, not {value!r}")
+    if result <= timedelta(0):
+        raise ValueError(f"{name} must be positive, not {value!r}")
+    return result

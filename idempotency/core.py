@@ -1,0 +1,312 @@
+"""The idempotency state machine, free of any web framework.
+
+:func:`execute` runs a handler at most once per ``(tenant, scope, key)`` and
+replays its answer afterwards. In the default single-transaction mode the
+handler's writes, any outbox events and the stored answer commit together in
+one transaction, so a crash anywhere leaves either everything or nothing.
+
+How one request goes (one statement each, inside ``tenant_context``)::
+
+    lookup    SELECT the key row; if there is no live row, also try a
+              transaction-level advisory lock on the key (never blocks)
+    handler   runs inside a savepoint
+    store     INSERT the finished row (or replace an expired one)
+    COMMIT
+
+- A live finished row is replayed (same fingerprint) or refused as a mismatch.
+- No live row and the lock is taken by another transaction: that request is
+  still running, so the answer is "in progress" (or, with a wait, the lookup
+  is repeated until the first request has finished).
+- The handler's answer decides what is stored: 2xx/3xx as ``completed``, a
+  final 4xx as ``failed`` (its writes are rolled back to the savepoint, the
+  answer is kept), and a 5xx or a status in ``UNSTORED_STATUS_CODES`` not at
+  all (everything is rolled back; a retry runs again). An exception rolls
+  everything back and propagates.
+- The unique primary key is the final arbiter: if the store finds a live row
+  that the lookup did not see, the whole transaction is rolled back and the
+  request is answered from that row.
+
+Every time comparison is made by the database clock (``now()``).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Generic, TypeVar
+
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
+
+from idempotency.conf import idempotency_settings
+from tenancy import tenant_context
+
+T = TypeVar("T")
+
+
+class InvalidKey(ValueError):
+    """The Idempotency-Key header value is not a valid key."""
+
+
+def parse_key(value: str, max_length: int | None = None) -> str:
+    """Return the key carried by an ``Idempotency-Key`` header value.
+
+    Both a bare token (``abc``) and a Structured Field string (``"abc"``,
+    RFC 8941, with ``\\"`` and ``\\\\`` escapes) are accepted; they name the same
+    key. A key must be 1 to ``MAX_KEY_LENGTH`` characters of printable ASCII.
+
+    Raises:
+        InvalidKey: with a message fit for the client.
+    """
+    limit = max_length or idempotency_settings.MAX_KEY_LENGTH
+    value = value.strip(" \t")
+    if value.startswith('"'):
+        key = _parse_sf_string(value)
+    else:
+        key = value
+    if not key:
+        raise InvalidKey("The idempotency key is empty.")
+    if any(not 0x20 <= ord(ch) <= 0x7E for ch in key):
+        raise InvalidKey("The idempotency key must be printable ASCII.")
+    if len(key) > limit:
+        raise InvalidKey(f"The idempotency key is longer than {limit} characters.")
+    return key
+
+
+def _parse_sf_string(value: str) -> str:
+    if len(value) < 2 or not value.endswith('"'):
+        raise InvalidKey("The idempotency key has an unterminated quoted string.")
+    out: list[str] = []
+    chars = iter(value[1:-1])
+    for ch in chars:
+        if ch == "\\":
+            escaped = next(chars, None)
+            if escaped not in ('"', "\\"):
+                raise InvalidKey("The idempotency key has an invalid escape.")
+            out.append(escaped)
+        elif ch == '"':
+            raise InvalidKey("The idempotency key has a stray quote.")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    """An answer as stored and replayed: status, body bytes, chosen headers."""
+
+    status_code: int
+    body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class IdempotentRequest:
+    """What identifies a request and what it claims.
+
+    Attributes:
+        tenant_id: the tenant; also the row-level security context.
+        scope: the operation, e.g. ``"order.create"``; keys are unique per scope.
+        key: the client's idempotency key (already parsed).
+        fingerprint: see :func:`idempotency.fingerprint.fingerprint`.
+        method, path: recorded with the key for people reading it later.
+        ttl: how long the finished answer is replayed.
+    """
+
+    tenant_id: int
+    scope: str
+    key: str
+    fingerprint: str
+    method: str = ""
+    path: str = ""
+    ttl: timedelta | None = None
+
+    @property
+    def lock_id(self) -> int:
+        """A signed 64-bit advisory lock id for this key."""
+        raw = f"{self.tenant_id}\x1f{self.scope}\x1f{self.key}".encode()
+        return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "big", signed=True)
+
+
+class Outcome(enum.Enum):
+    EXECUTED = "executed"  # the handler ran in this call
+    REPLAYED = "replayed"  # a finished answer with the same fingerprint exists
+    MISMATCH = "mismatch"  # the key was used for a different request
+    IN_PROGRESS = "in_progress"  # the first request with this key is still running
+
+
+class Verdict(enum.Enum):
+    COMPLETED = "completed"
+    FAILED = "failed"
+    UNSTORED = "unstored"
+
+
+@dataclass(frozen=True)
+class Result(Generic[T]):
+    outcome: Outcome
+    value: T | None = None  # the handler's return value, when EXECUTED
+    stored: StoredResponse | None = None  # the answer to replay, when REPLAYED
+    verdict: Verdict | None = None  # what was done with the handler's answer
+
+
+def classify(status_code: int, unstored: Iterable[int] | None = None) -> Verdict:
+    """Decide whether an answer is stored, and as what."""
+    codes = idempotency_settings.UNSTORED_STATUS_CODES if unstored is None else unstored
+    if status_code >= 500 or status_code in codes:
+        return Verdict.UNSTORED
+    if status_code >= 400:
+        return Verdict.FAILED
+    return Verdict.COMPLETED
+
+
+_LOOKUP = """
+SELECT CASE WHEN k.expires_at > now() THEN NULL ELSE pg_try_advisory_xact_lock(%s) END,
+       k.expires_at > now(), k.state, k.request_hash, k.status_code, k.response,
+       k.response_headers
+  FROM (SELECT 1) AS one
+  LEFT JOIN idempotency_keys AS k ON k.tenant_id = %s AND k.scope = %s AND k.key = %s
+"""
+
+_STORE = """
+INSERT INTO idempotency_keys AS k
+       (tenant_id, scope, key, request_hash, request_method, request_path, state,
+        status_code, response, response_headers, created_at, completed_at, expires_at)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, now(), clock_timestamp(), now() + %s)
+ON CONFLICT (tenant_id, scope, key) DO UPDATE
+   SET request_hash = excluded.request_hash,
+       request_method = excluded.request_method,
+       request_path = excluded.request_path,
+       state = excluded.state,
+       status_code = excluded.status_code,
+       response = excluded.response,
+       response_headers = excluded.response_headers,
+       created_at = excluded.created_at,
+       completed_at = excluded.completed_at,
+       expires_at = excluded.expires_at
+ WHERE k.expires_at <= now()
+RETURNING 1
+"""
+
+
+class _Undo(Exception):
+    """Rolls the handler's savepoint back while keeping its answer."""
+
+
+class _LostRace(Exception):
+    """Another transaction stored this key first; roll back and answer from its row."""
+
+
+def execute(
+    request: IdempotentRequest,
+    handler: Callable[[], T],
+    to_response: Callable[[T], StoredResponse],
+    *,
+    wait: float | None = None,
+    using: str | None = None,
+) -> Result[T]:
+    """Run ``handler`` at most once for ``request``'s key, or answer from the key.
+
+    Args:
+        request: the key, its scope and tenant, and the request's fingerprint.
+        handler: does the work; its database writes join the key's transaction.
+            An exception it raises rolls everything back and propagates.
+        to_response: turns the handler's return value into the answer to store.
+        wait: seconds to wait for a duplicate in flight before answering
+            ``IN_PROGRESS``; defaults to ``IN_PROGRESS_WAIT``.
+        using: database alias (the app role); the default database when omitted.
+
+    Returns:
+        A :class:`Result`; ``value`` is the handler's return value when it ran.
+    """
+    alias = using or DEFAULT_DB_ALIAS
+    ttl = request.ttl or idempotency_settings.TTL
+    wait = idempotency_settings.IN_PROGRESS_WAIT if wait is None else wait
+    deadline = time.monotonic() + wait
+    pause = 0.01
+    while True:
+        try:
+            result = _attempt(request, handler, to_response, alias, ttl)
+        except _LostRace:
+            continue
+        if result.outcome is Outcome.IN_PROGRESS and time.monotonic() < deadline:
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(pause * 2, 0.2)
+            continue
+        return result
+
+
+def _attempt(
+    request: IdempotentRequest,
+    handler: Callable[[], T],
+    to_response: Callable[[T], StoredResponse],
+    alias: str,
+    ttl: timedelta,
+) -> Result[T]:
+    connection = connections[alias]
+    with tenant_context(request.tenant_id, using=alias):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _LOOKUP, [request.lock_id, request.tenant_id, request.scope, request.key]
+            )
+            locked, live, state, request_hash, status, body, headers = cursor.fetchone()
+        if live:
+            return _answer_from_row(request, state, request_hash, status, body, headers)
+        if not locked:
+            return Result(Outcome.IN_PROGRESS)
+
+        verdict = Verdict.UNSTORED
+        try:
+            with transaction.atomic(using=alias):
+                value = handler()
+                response = to_response(value)
+                verdict = classify(response.status_code)
+                if verdict is not Verdict.COMPLETED:
+                    raise _Undo
+        except _Undo:
+            pass
+        if verdict is Verdict.UNSTORED:
+            return Result(Outcome.EXECUTED, value=value, verdict=verdict)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _STORE,
+                [
+                    request.tenant_id,
+                    request.scope,
+                    request.key,
+                    request.fingerprint,
+                    request.method[:10],
+                    request.path,
+                    verdict.value,
+                    response.status_code,
+                    response.body,
+                    json.dumps([list(h) for h in response.headers]),
+                    ttl,
+                ],
+            )
+            if cursor.fetchone() is None:
+                raise _LostRace
+        return Result(Outcome.EXECUTED, value=value, stored=response, verdict=verdict)
+
+
+def _answer_from_row(
+    request: IdempotentRequest,
+    state: str,
+    request_hash: str,
+    status: int | None,
+    body: Any,
+    headers: Any,
+) -> Result[Any]:
+    if request_hash != request.fingerprint:
+        return Result(Outcome.MISMATCH)
+    if state == "pending" or status is None:
+        return Result(Outcome.IN_PROGRESS)
+    stored = StoredResponse(
+        status_code=status,
+        body=bytes(body or b""),
+        headers=tuple((name, value) for name, value in (headers or [])),
+    )
+    return Result(Outcome.REPLAYED, stored=stored)

@@ -1,0 +1,15 @@
+from django.db import migrations
+
+from tenancy.sqlfiles import RunSQLFile
+
+
+class Migration(migrations.Migration):
+    dependencies = [("idempotency", "0001_initial")]
+
+    operations = [
+        RunSQLFile(
+            "idempotency",
+            "0002_row_level_security.sql",
+            reverse="0002_row_level_security.reverse.sql",
+        ),
+    ]

@@ -1,0 +1,148 @@
+"""``IdempotentViewMixin``: the ``Idempotency-Key`` contract for DRF views."""
+
+from __future__ import annotations
+
+import functools
+from datetime import timedelta
+from typing import Any
+
+from django.http import HttpResponse
+from rest_framework.permissions import SAFE_METHODS
+from rest_framework.request import Request
+
+from idempotency import core
+from idempotency.conf import as_timedelta, idempotency_settings
+from idempotency.fingerprint import canonical_path, fingerprint, principal_of
+from idempotency.responses import answer, check_request, replay_response, to_stored_response
+from tenancy.conf import tenancy_settings
+from tenancy.resolver import resolve_tenant
+
+
+class IdempotentViewMixin:
+    """Make a DRF view's unsafe methods idempotent under an ``Idempotency-Key``.
+
+    Put it first among the bases::
+
+        class OrderViewSet(IdempotentViewMixin, mixins.CreateModelMixin, GenericViewSet):
+            idempotency_scope = "order.create"
+            queryset = Order.objects.all()
+            serializer_class = OrderSerializer
+
+    Authentication, permissions and throttling run first, as usual; then the
+    key is checked, and the handler runs inside ``tenant_context`` for the
+    tenant named by ``TENANCY["TENANT_RESOLVER"]``, in one transaction with
+    the key row and the stored answer. Safe methods are untouched.
+
+    Attributes (all optional; ``None`` means "use the setting"):
+        idempotency_scope: the operation name keys are unique in; defaults to
+            ``<module>.<ViewClass>.<action or method>``.
+        idempotency_ttl: how long answers are replayed (timedelta or seconds).
+        idempotency_key_required: answer 400 to an unsafe request without a key.
+        idempotency_wait: seconds to wait for a duplicate in flight before
+            answering 409; when the first finishes in time, its answer is replayed.
+
+    Hooks, in the style of DRF's ``get_*``/``perform_*`` methods:
+    :meth:`get_idempotency_key`, :meth:`get_idempotency_scope`,
+    :meth:`get_idempotency_tenant`, :meth:`get_idempotency_principal`,
+    :meth:`get_idempotency_fingerprint` and :meth:`perform_replay`.
+    """
+
+    idempotency_scope: str | None = None
+    idempotency_ttl: timedelta | int | None = None
+    idempotency_key_required: bool | None = None
+    idempotency_wait: float | None = None
+
+    request: Request
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)  # type: ignore[misc]
+        if request.method in SAFE_METHODS:
+            return
+        name = request.method.lower()
+        handler = getattr(self, name, None)
+        if handler is None:
+            return  # DRF answers 405 as usual
+        # APIView.dispatch looks the handler up after initial(): wrapping it
+        # here checks the key after authentication, permissions and throttling.
+        setattr(self, name, functools.partial(self._run_idempotently, handler))
+
+    def _run_idempotently(self, handler: Any, request: Request, *args: Any, **kwargs: Any) -> Any:
+        required = self.idempotency_key_required
+        checked = check_request(
+            request,
+            required=idempotency_settings.REQUIRED if required is None else required,
+            parse_key=self.get_idempotency_key,
+            get_tenant=self.get_idempotency_tenant,
+        )
+        if checked is None:
+            return handler(request, *args, **kwargs)
+        if isinstance(checked, HttpResponse):
+            return checked
+        key, tenant_id = checked
+        ttl = self.idempotency_ttl
+        ireq = core.IdempotentRequest(
+            tenant_id=tenant_id,
+            scope=self.get_idempotency_scope(),
+            key=key,
+            fingerprint=self.get_idempotency_fingerprint(),
+            method=request.method,
+            path=request.path,
+            ttl=None if ttl is None else as_timedelta(ttl, "idempotency_ttl"),
+        )
+
+        def run() -> HttpResponse:
+            try:
+                response = handler(request, *args, **kwargs)
+            except Exception as exc:
+                # Unknown exceptions are re-raised here: everything rolls back.
+                response = self.handle_exception(exc)  # type: ignore[attr-defined]
+            response = self.finalize_response(request, response, *args, **kwargs)  # type: ignore[attr-defined]
+            if hasattr(response, "render"):
+                response.render()
+            return response
+
+        result = core.execute(
+            ireq,
+            run,
+            to_stored_response,
+            wait=self.idempotency_wait,
+            using=tenancy_settings.APP_DATABASE,
+        )
+        return answer(result, replay=self.perform_replay)
+
+    # --- hooks -------------------------------------------------------------
+
+    def get_idempotency_key(self, header_value: str) -> str:
+        """Parse the header value into a key; raise ``core.InvalidKey`` to refuse it."""
+        return core.parse_key(header_value)
+
+    def get_idempotency_scope(self) -> str:
+        """The operation keys are unique in. Set ``idempotency_scope`` for a name
+        that survives renaming the view."""
+        if self.idempotency_scope:
+            return self.idempotency_scope
+        cls = type(self)
+        action = getattr(self, "action", None) or self.request.method.lower()
+        return f"{cls.__module__}.{cls.__qualname__}.{action}"
+
+    def get_idempotency_tenant(self) -> int | None:
+        """The tenant of the request; by default ``TENANCY["TENANT_RESOLVER"]``."""
+        return resolve_tenant(self.request)
+
+    def get_idempotency_principal(self) -> str:
+        """Who is asking: part of the fingerprint, so another user's reuse is a mismatch."""
+        return principal_of(getattr(self.request, "user", None))
+
+    def get_idempotency_fingerprint(self) -> str:
+        """SHA-256 of method, path, principal and the parsed body (``request.data``).
+
+        ``request.data`` is parsed once and cached by DRF, so the handler reads
+        the same data without touching the raw stream again.
+        """
+        request = self.request
+        path = canonical_path(request.path, request.META.get("QUERY_STRING", ""))
+        return fingerprint(request.method, path, self.get_idempotency_principal(), request.data)
+
+    def perform_replay(self, stored: core.StoredResponse) -> HttpResponse:
+        """Build the replayed answer; override to add headers or count replays."""
+        return replay_response(stored)

@@ -1,0 +1,114 @@
+"""HTTP answers of the contract, shared by the DRF mixin and the decorator.
+
+The library's own errors are RFC 9457 problem details with a stable ``code``
+member; ``type`` is ``about:blank`` so ``title`` is the reason phrase.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from http import HTTPStatus
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+
+from idempotency import core
+from idempotency.conf import idempotency_settings
+from tenancy.resolver import resolve_tenant
+
+PROBLEM_CONTENT_TYPE = "application/problem+json"
+REPLAYED_HEADER = "Idempotent-Replayed"
+
+
+def problem_response(
+    status: int, code: str, detail: str, headers: dict[str, str] | None = None
+) -> HttpResponse:
+    try:
+        title = HTTPStatus(status).phrase
+    except ValueError:
+        title = "Error"
+    body = {"type": "about:blank", "title": title, "status": status, "detail": detail, "code": code}
+    response = HttpResponse(
+        json.dumps(body, separators=(",", ":")), status=status, content_type=PROBLEM_CONTENT_TYPE
+    )
+    for name, value in (headers or {}).items():
+        response[name] = value
+    return response
+
+
+def check_request(
+    request: HttpRequest,
+    *,
+    required: bool,
+    parse_key: Callable[[str], str] = core.parse_key,
+    get_tenant: Callable[[], int | None] | None = None,
+) -> tuple[str, int] | HttpResponse | None:
+    """Validate the key header and find the tenant.
+
+    Returns:
+        ``(key, tenant_id)`` to go on; an error answer to send instead; or
+        ``None`` when there is no key and none is required (run the view as is).
+    """
+    s = idempotency_settings
+    header = request.headers.get(s.HEADER)
+    if header is None:
+        if not required:
+            return None
+        return problem_response(
+            s.STATUS_KEY_MISSING,
+            "idempotency_key_missing",
+            f"This operation requires an {s.HEADER} header.",
+        )
+    try:
+        key = parse_key(header)
+    except core.InvalidKey as exc:
+        return problem_response(s.STATUS_KEY_INVALID, "idempotency_key_invalid", str(exc))
+    tenant_id = get_tenant() if get_tenant else resolve_tenant(request)
+    if tenant_id is None:
+        return problem_response(
+            s.STATUS_NO_TENANT, "tenant_unknown", "The request does not belong to a tenant."
+        )
+    return key, tenant_id
+
+
+def to_stored_response(response: HttpResponse) -> core.StoredResponse:
+    """The part of a rendered response that is stored and replayed."""
+    names = idempotency_settings.REPLAYED_HEADERS
+    headers = tuple((name, response[name]) for name in names if response.has_header(name))
+    return core.StoredResponse(response.status_code, bytes(response.content), headers)
+
+
+def replay_response(stored: core.StoredResponse) -> HttpResponse:
+    """The stored answer again, marked ``Idempotent-Replayed: true``."""
+    response = HttpResponse(stored.body, status=stored.status_code)
+    del response["Content-Type"]  # only the stored Content-Type, if any
+    for name, value in stored.headers:
+        response[name] = value
+    response[REPLAYED_HEADER] = "true"
+    return response
+
+
+def answer(
+    result: core.Result[Any],
+    replay: Callable[[core.StoredResponse], HttpResponse] = replay_response,
+) -> HttpResponse:
+    """The HTTP answer for a :class:`core.Result`."""
+    s = idempotency_settings
+    if result.outcome is core.Outcome.EXECUTED:
+        return result.value  # type: ignore[no-any-return]
+    if result.outcome is core.Outcome.REPLAYED:
+        assert result.stored is not None
+        return replay(result.stored)
+    if result.outcome is core.Outcome.MISMATCH:
+        return problem_response(
+            s.STATUS_MISMATCH,
+            "idempotency_key_reused",
+            "This idempotency key was already used for a different request.",
+        )
+    return problem_response(
+        s.STATUS_IN_PROGRESS,
+        "idempotency_key_in_progress",
+        "A request with this idempotency key is still being processed; retry later.",
+        headers={"Retry-After": str(s.RETRY_AFTER)},
+    )

@@ -1,0 +1,172 @@
+"""System checks: is row-level security really in force?
+
+``manage.py check`` verifies the settings; ``manage.py check --database
+default --database system`` (and ``migrate``) also ask the database about the
+roles and tables. RLS proves nothing if the web process connects as a
+superuser, as a role with BYPASSRLS, or as the owner of the tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.conf import settings
+from django.core import checks
+from django.db import DatabaseError
+
+from tenancy.conf import AppSettings, tenancy_settings
+from tenancy.db import role_facts, table_facts, tenant_isolated_tables
+
+_known_settings: list[AppSettings] = [tenancy_settings]
+
+
+def register_settings(app_settings: AppSettings) -> None:
+    """Let the unknown-key check cover another app's settings dict."""
+    if app_settings not in _known_settings:
+        _known_settings.append(app_settings)
+
+
+def register() -> None:
+    checks.register(check_settings)
+    checks.register(check_database_roles, checks.Tags.database)
+
+
+def _is_postgresql(alias: str) -> bool:
+    engine = settings.DATABASES[alias].get("ENGINE", "")
+    return engine in {"django.db.backends.postgresql", "django.contrib.gis.db.backends.postgis"}
+
+
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    errors: list[checks.CheckMessage] = []
+    for app_settings in _known_settings:
+        try:
+            unknown = app_settings.unknown_keys()
+        except Exception as exc:  # ImproperlyConfigured: not a dict
+            errors.append(checks.Error(str(exc), id="tenancy.E001"))
+            continue
+        for key in unknown:
+            errors.append(
+                checks.Error(
+                    f"Unknown setting {app_settings.name}[{key!r}].",
+                    hint=f"Known settings: {', '.join(sorted(app_settings.defaults))}.",
+                    id="tenancy.E002",
+                )
+            )
+    app_alias = tenancy_settings.APP_DATABASE
+    system_alias = tenancy_settings.SYSTEM_DATABASE
+    if app_alias not in settings.DATABASES:
+        errors.append(
+            checks.Error(
+                f'TENANCY["APP_DATABASE"] = {app_alias!r} is not in DATABASES.', id="tenancy.E003"
+            )
+        )
+    if system_alias not in settings.DATABASES:
+        errors.append(
+            checks.Warning(
+                f'TENANCY["SYSTEM_DATABASE"] = {system_alias!r} is not in DATABASES: reaping '
+                "idempotency keys and relaying the outbox need a connection as the system role.",
+                hint="Add a DATABASES entry that logs in as the system role (docs/roles.md).",
+                id="tenancy.W004",
+            )
+        )
+    for alias in (app_alias, system_alias):
+        if alias in settings.DATABASES and not _is_postgresql(alias):
+            errors.append(
+                checks.Error(
+                    f"DATABASES[{alias!r}] is not PostgreSQL: tenant isolation relies on "
+                    "PostgreSQL row-level security.",
+                    id="tenancy.E005",
+                )
+            )
+    if tenancy_settings.TENANT_RESOLVER is not None:
+        from tenancy.resolver import get_resolver
+
+        try:
+            get_resolver()
+        except Exception as exc:
+            errors.append(checks.Error(str(exc), id="tenancy.E006"))
+    return errors
+
+
+def check_database_roles(
+    app_configs: Any = None, databases: Sequence[str] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    errors: list[checks.CheckMessage] = []
+    tables = tenant_isolated_tables()
+    for alias in databases or ():
+        if alias not in settings.DATABASES or not _is_postgresql(alias):
+            continue
+        try:
+            if alias == tenancy_settings.APP_DATABASE:
+                errors.extend(_check_app_alias(alias, tables))
+            elif alias == tenancy_settings.SYSTEM_DATABASE:
+                errors.extend(_check_system_alias(alias, tables))
+        except DatabaseError as exc:
+            errors.append(
+                checks.Error(f"Could not inspect database {alias!r}: {exc}", id="tenancy.E010")
+            )
+    return errors
+
+
+def _check_app_alias(alias: str, tables: list[str]) -> Iterable[checks.CheckMessage]:
+    role = role_facts(alias)
+    if role.superuser:
+        yield checks.Error(
+            f"Database {alias!r} connects as {role.name!r}, a superuser: row-level security "
+            "does not apply to it, so tenants are not isolated.",
+            hint="Connect the web process as a role with NOSUPERUSER NOBYPASSRLS (docs/roles.md).",
+            id="tenancy.E011",
+        )
+    if role.bypassrls:
+        yield checks.Error(
+            f"Database {alias!r} connects as {role.name!r}, which has BYPASSRLS: tenants are "
+            "not isolated.",
+            hint=f"ALTER ROLE {role.name} NOBYPASSRLS; or use another role (docs/roles.md).",
+            id="tenancy.E012",
+        )
+    facts = table_facts(alias, tables)
+    for table in tables:
+        fact = facts.get(table)
+        if fact is None:
+            continue  # not migrated yet
+        if fact.owned_by_current_role:
+            yield checks.Error(
+                f"Database {alias!r} connects as {role.name!r}, which owns (or is a member of "
+                f"the owner of) {table}: an owner can switch row-level security off.",
+                hint="Run migrations as a separate owner role (docs/roles.md).",
+                id="tenancy.E013",
+            )
+        yield from _check_table_rls(fact)
+
+
+def _check_table_rls(fact: Any) -> Iterable[checks.CheckMessage]:
+    if not (fact.rls_enabled and fact.rls_forced and fact.policies):
+        yield checks.Error(
+            f"Table {fact.name} does not have row-level security enabled and forced with a "
+            f"policy (enabled={fact.rls_enabled}, forced={fact.rls_forced}, "
+            f"policies={fact.policies}).",
+            hint="Run the library's migrations; never edit their SQL.",
+            id="tenancy.E014",
+        )
+
+
+def _check_system_alias(alias: str, tables: list[str]) -> Iterable[checks.CheckMessage]:
+    role = role_facts(alias)
+    if role.superuser:
+        yield checks.Error(
+            f"Database {alias!r} connects as {role.name!r}, a superuser. The system role "
+            "needs only to read and delete the library's rows across tenants.",
+            hint="Use a NOSUPERUSER role with BYPASSRLS and grants on the library's tables.",
+            id="tenancy.E015",
+        )
+    facts = table_facts(alias, tables)
+    for table, fact in sorted(facts.items()):
+        if fact.rls_active:
+            yield checks.Error(
+                f"Database {alias!r} connects as {role.name!r}, which is subject to row-level "
+                f"security on {table}: cross-tenant upkeep would see one tenant at most.",
+                hint=f"ALTER ROLE {role.name} BYPASSRLS; (docs/roles.md).",
+                id="tenancy.E016",
+            )
+        yield from _check_table_rls(fact)

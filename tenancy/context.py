@@ -1,0 +1,97 @@
+"""The one way to set the tenant of a transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
+
+#: The PostgreSQL setting that the row-level security policies compare with.
+GUC = "app.tenant_id"
+
+_BIGINT_MIN = -(2**63)
+_BIGINT_MAX = 2**63 - 1
+
+
+def validate_tenant_id(tenant_id: Any) -> int:
+    """Return ``tenant_id`` if it is a usable tenant id, else raise.
+
+    Tenant ids are integers in PostgreSQL's ``bigint`` range. Booleans,
+    strings and floats are refused rather than coerced: a tenant id that
+    arrives as the wrong type is a bug worth hearing about.
+    """
+    if isinstance(tenant_id, bool) or not isinstance(tenant_id, int):
+        raise TypeError(f"tenant id must be an int, not {type(tenant_id).__name__}")
+    if not _BIGINT_MIN <= tenant_id <= _BIGINT_MAX:
+        raise ValueError(f"tenant id {tenant_id} is outside PostgreSQL's bigint range")
+    return int(tenant_id)
+
+
+def _stack(connection: Any) -> list[int]:
+    # One stack per connection wrapper; Django's wrappers are per thread.
+    stack: list[int] | None = connection.__dict__.get("_tenancy_stack")
+    if stack is None:
+        stack = connection.__dict__["_tenancy_stack"] = []
+    return stack
+
+
+def _set(connection: Any, tenant_id: int | None) -> None:
+    # SET LOCAL, not set_config(): Citus forwards SET LOCAL to its workers, and
+    # SET takes no bind parameters, so the value is a validated integer literal.
+    value = "" if tenant_id is None else str(validate_tenant_id(tenant_id))
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET LOCAL {GUC} = '{value}'")
+
+
+@contextmanager
+def tenant_context(tenant_id: int, *, using: str | None = None) -> Iterator[int]:
+    """Run a block as ``tenant_id``, inside ``transaction.atomic()``.
+
+    The tenant is set with ``SET LOCAL``, so it ends with the transaction and
+    never leaks to the next user of a pooled connection. Contexts nest: on
+    leaving an inner one, the outer tenant (or no tenant) is restored, because
+    a transaction-local setting survives the release of a savepoint.
+
+    Example::
+
+        with tenant_context(42):
+            Order.objects.create(...)   # RLS sees tenant 42 only
+
+    Args:
+        tenant_id: the tenant, an int in PostgreSQL's bigint range.
+        using: database alias; the default database when omitted.
+
+    Raises:
+        TypeError, ValueError: ``tenant_id`` is not a valid tenant id.
+    """
+    tenant_id = validate_tenant_id(tenant_id)
+    alias = using or DEFAULT_DB_ALIAS
+    connection = connections[alias]
+    outermost = not connection.in_atomic_block
+    with transaction.atomic(using=alias):
+        stack = _stack(connection)
+        if outermost:
+            stack.clear()  # a new transaction starts with no tenant
+        previous = stack[-1] if stack else None
+        _set(connection, tenant_id)
+        stack.append(tenant_id)
+        try:
+            yield tenant_id
+        except BaseException:
+            # Our atomic block rolls back; the setting reverts with it.
+            stack.pop()
+            raise
+        stack.pop()
+        if not outermost and not connection.needs_rollback:
+            _set(connection, previous)
+
+
+def current_tenant_id(using: str | None = None) -> int | None:
+    """The tenant set by the innermost open :func:`tenant_context`, or None."""
+    connection = connections[using or DEFAULT_DB_ALIAS]
+    if not connection.in_atomic_block:
+        return None
+    stack = _stack(connection)
+    return stack[-1] if stack else None

@@ -1,0 +1,36 @@
+"""Finding the tenant of a request."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
+
+from tenancy.conf import tenancy_settings
+from tenancy.context import validate_tenant_id
+
+Resolver = Callable[[Any], "int | None"]
+
+
+def get_resolver() -> Resolver:
+    """The callable named by ``TENANCY["TENANT_RESOLVER"]``."""
+    path = tenancy_settings.TENANT_RESOLVER
+    if path is None:
+        raise ImproperlyConfigured(
+            'TENANCY["TENANT_RESOLVER"] is not set: name a callable(request) -> int | None '
+            "that returns the tenant of an authenticated request."
+        )
+    if callable(path):
+        return path  # type: ignore[no-any-return]
+    try:
+        return import_string(path)  # type: ignore[no-any-return]
+    except ImportError as exc:
+        raise ImproperlyConfigured(f'TENANCY["TENANT_RESOLVER"] = {path!r}: {exc}') from exc
+
+
+def resolve_tenant(request: Any) -> int | None:
+    """The tenant of ``request`` (after authentication), or None if it has none."""
+    tenant_id = get_resolver()(request)
+    return None if tenant_id is None else validate_tenant_id(tenant_id)

@@ -1,0 +1,29 @@
+"""Migrations that run SQL kept in ``.sql`` files inside a package.
+
+Shipped SQL is never edited; a change is a new file and a new migration.
+Each file is used by exactly one migration (a test checks this).
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+from django.db import migrations
+
+
+def read_sql(package: str, name: str) -> str:
+    return resources.files(package).joinpath("sql", name).read_text(encoding="utf-8")
+
+
+def RunSQLFile(package: str, name: str, reverse: str | None = None) -> migrations.RunSQL:  # noqa: N802
+    """A ``RunSQL`` operation for ``<package>/sql/<name>``.
+
+    Args:
+        package: the package holding the ``sql/`` directory, e.g. ``"idempotency"``.
+        name: the forward file.
+        reverse: the file that undoes it, if the migration is reversible.
+    """
+    return migrations.RunSQL(
+        sql=read_sql(package, name),
+        reverse_sql=read_sql(package, reverse) if reverse else None,
+    )

@@ -1,0 +1,74 @@
+"""Helpers that make tests read like their claims."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from django.conf import settings
+from django.db import connections
+
+TRUNCATED = ("idempotency_keys", "testapp_order", "testapp_plain_order")
+
+
+def truncate_all() -> None:
+    with connections["owner"].cursor() as cursor:
+        cursor.execute("SET lock_timeout = '10s'")
+        cursor.execute(f"TRUNCATE {', '.join(TRUNCATED)} RESTART IDENTITY")
+    connections["owner"].close()
+
+
+def dsn(alias: str = "default") -> str:
+    db = settings.DATABASES[alias]
+    return (
+        f"host={db['HOST']} port={db['PORT']} user={db['USER']} "
+        f"password={db['PASSWORD']} dbname={db['NAME']}"
+    )
+
+
+def connect(alias: str = "default", **kwargs) -> psycopg.Connection:
+    """A raw psycopg connection as the role of ``alias`` (default: the app role)."""
+    return psycopg.connect(dsn(alias), **kwargs)
+
+
+@contextlib.contextmanager
+def two_connections(alias: str = "default") -> Iterator[tuple[psycopg.Connection, psycopg.Connection]]:
+    """Two independent sessions, as two web workers would have."""
+    with connect(alias) as first, connect(alias) as second:
+        yield first, second
+
+
+@contextlib.contextmanager
+def as_tenant(conn: psycopg.Connection, tenant_id: int | None) -> Iterator[psycopg.Cursor]:
+    """A transaction on a raw connection with ``app.tenant_id`` set locally."""
+    with conn.transaction(), conn.cursor() as cursor:
+        if tenant_id is not None:
+            cursor.execute(f"SET LOCAL app.tenant_id = '{int(tenant_id)}'")
+        yield cursor
+
+
+def raises_rls_violation():
+    """The error PostgreSQL raises when a row breaks a policy's WITH CHECK."""
+    return pytest.raises(psycopg.errors.InsufficientPrivilege, match="row-level security")
+
+
+def observer() -> psycopg.Connection:
+    """A superuser connection for assertions only: it sees every tenant's rows.
+
+    The code under test never uses it; it stands outside, counting.
+    """
+    import os
+
+    db = settings.DATABASES["default"]
+    socket_dir = os.environ.get("DIO_PGSOCKET") or db["HOST"]
+    return psycopg.connect(
+        host=socket_dir, port=db["PORT"], user="postgres", dbname=db["NAME"], autocommit=True
+    )
+
+
+def count_rows(table: str, where: str = "TRUE") -> int:
+    """Rows in ``table`` across all tenants, as the observer sees them."""
+    with observer() as conn:
+        return conn.execute(f"SELECT count(*) FROM {table} WHERE {where}").fetchone()[0]

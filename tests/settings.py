@@ -1,0 +1,76 @@
+"""Settings for the test suite: a real PostgreSQL with the three roles.
+
+``scripts/services start`` writes the connection details to ``.run/env``;
+``make test`` exports them. Each alias logs in as a different role:
+
+- ``default``: the app role (NOSUPERUSER, NOBYPASSRLS, not the owner): every
+  test runs as the web process would.
+- ``system``: the system role, for cross-tenant upkeep.
+- ``owner``: the owner role; only the test harness uses it (migrate, cleanup).
+"""
+
+import os
+
+_NAME = os.environ.get("DIO_TEST_DB", "dio_test")
+
+
+def _database(role_env: str, default_role: str) -> dict:
+    role = os.environ.get(role_env, default_role)
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": _NAME,
+        "USER": role,
+        "PASSWORD": os.environ.get(role_env + "_PASSWORD", role),
+        "HOST": os.environ.get("DIO_PGHOST", "127.0.0.1"),
+        "PORT": os.environ.get("DIO_PGPORT", "5432"),
+        "CONN_MAX_AGE": 0,
+        "TEST": {"NAME": _NAME},
+    }
+
+
+DATABASES = {
+    "default": _database("DIO_APP_ROLE", "dio_app"),
+    "system": _database("DIO_SYSTEM_ROLE", "dio_system"),
+    "owner": _database("DIO_OWNER_ROLE", "dio_owner"),
+}
+
+SECRET_KEY = "tests-only-not-secret"
+DEBUG = False
+ALLOWED_HOSTS = ["*"]
+USE_TZ = True
+TIME_ZONE = "UTC"
+ROOT_URLCONF = "tests.testapp.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+INSTALLED_APPS = [
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "rest_framework",
+    "tenancy",
+    "idempotency",
+    "tests.testapp",
+]
+
+MIDDLEWARE = [
+    "django.middleware.common.CommonMiddleware",
+]
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["tests.testapp.auth.HeaderAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "UNAUTHENTICATED_USER": None,
+}
+
+TENANCY = {
+    "TENANT_RESOLVER": "tests.testapp.auth.tenant_of",
+    "SYSTEM_DATABASE": "system",
+}
+
+IDEMPOTENCY: dict = {}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": "WARNING"},
+}

@@ -1,0 +1,83 @@
+"""The suite runs as the real roles: otherwise RLS tests prove nothing."""
+
+from django.core import checks
+from django.db import connection, connections
+
+from tenancy.db import role_facts, table_facts, tenant_isolated_tables
+
+
+def test_suite_runs_as_a_role_that_rls_applies_to():
+    role = role_facts("default")
+    assert not role.superuser
+    assert not role.bypassrls
+    facts = table_facts("default", tenant_isolated_tables())
+    assert facts, "the library's tables should exist"
+    for fact in facts.values():
+        assert not fact.owned_by_current_role, fact
+        assert fact.rls_active, fact
+
+
+def test_system_role_is_not_superuser_and_sees_across_tenants():
+    role = role_facts("system")
+    assert not role.superuser
+    facts = table_facts("system", ["idempotency_keys"])
+    assert not facts["idempotency_keys"].rls_active
+
+
+def test_owner_is_a_different_role():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_user")
+        app = cursor.fetchone()[0]
+    with connections["owner"].cursor() as cursor:
+        cursor.execute("SELECT current_user")
+        owner = cursor.fetchone()[0]
+    assert app != owner
+    assert table_facts("owner", ["idempotency_keys"])["idempotency_keys"].owned_by_current_role
+
+
+def test_every_tenant_table_has_rls_enabled_forced_and_a_policy_on_the_guc():
+    tables = tenant_isolated_tables()
+    assert "idempotency_keys" in tables
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT c.relname, c.relrowsecurity, c.relforcerowsecurity,
+                   array_agg(pg_get_expr(p.polqual, p.polrelid)),
+                   array_agg(pg_get_expr(p.polwithcheck, p.polrelid))
+              FROM pg_class c JOIN pg_policy p ON p.polrelid = c.oid
+             WHERE c.relname = ANY(%s)
+             GROUP BY c.relname, c.relrowsecurity, c.relforcerowsecurity
+            """,
+            [tables],
+        )
+        rows = {r[0]: r[1:] for r in cursor.fetchall()}
+    assert set(rows) == set(tables), "every tenant-isolated table has a policy"
+    for table, (enabled, forced, quals, checks_) in rows.items():
+        assert enabled and forced, table
+        assert all("app.tenant_id" in q for q in quals), (table, quals)
+        assert all(c and "app.tenant_id" in c for c in checks_), (table, checks_)
+
+
+def test_system_checks_pass_for_the_real_roles():
+    messages = checks.run_checks(databases=["default", "system"])
+    assert [m for m in messages if m.level >= checks.ERROR] == []
+
+
+def test_system_checks_refuse_an_owner_as_the_app_alias(settings):
+    settings.TENANCY = {**settings.TENANCY, "APP_DATABASE": "owner"}
+    ids = {m.id for m in checks.run_checks(databases=["owner"])}
+    assert "tenancy.E013" in ids
+
+
+def test_system_checks_refuse_an_rls_bound_system_alias(settings):
+    settings.TENANCY = {**settings.TENANCY, "SYSTEM_DATABASE": "default"}
+    settings.TENANCY = {**settings.TENANCY, "APP_DATABASE": "system"}
+    ids = {m.id for m in checks.run_checks(databases=["default", "system"])}
+    assert "tenancy.E016" in ids  # the app role cannot see across tenants
+    assert "tenancy.E012" in ids  # the system role has BYPASSRLS
+
+
+def test_system_checks_report_unknown_settings(settings):
+    settings.IDEMPOTENCY = {"TTLL": 5}
+    messages = checks.run_checks()
+    assert any(m.id == "tenancy.E002" and "TTLL" in m.msg for m in messages)

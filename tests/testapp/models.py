@@ -1,0 +1,27 @@
+from django.db import models
+
+
+class Order(models.Model):
+    """A tenant's order: the side effect the idempotency tests count."""
+
+    tenant_isolated = True
+
+    tenant_id = models.BigIntegerField()
+    sku = models.CharField(max_length=50)
+    quantity = models.IntegerField(default=1)
+    note = models.TextField(blank=True, default="")
+
+    class Meta:
+        db_table = "testapp_order"
+        indexes = [models.Index(fields=["tenant_id", "sku"], name="testapp_order_tenant_sku")]
+
+
+class PlainOrder(models.Model):
+    """The same order without tenancy: the baseline endpoint of the benchmark."""
+
+    sku = models.CharField(max_length=50)
+    quantity = models.IntegerField(default=1)
+    note = models.TextField(blank=True, default="")
+
+    class Meta:
+        db_table = "testapp_plain_order"

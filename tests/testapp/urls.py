@@ -1,0 +1,17 @@
+from django.urls import path
+
+from tests.testapp import views
+
+create = {"post": "create"}
+
+urlpatterns = [
+    path("orders/", views.OrderViewSet.as_view(create)),
+    path("v2/orders/", views.OrderViewSet.as_view(create)),
+    path("orders-waiting/", views.OrderWaitingViewSet.as_view(create)),
+    path("orders-optional/", views.OrderOptionalKeyViewSet.as_view(create)),
+    path("orders-short/", views.OrderShortTTLViewSet.as_view(create)),
+    path("orders-write/", views.OrderWriteView.as_view()),
+    path("uploads/", views.UploadView.as_view()),
+    path("plain-orders/", views.PlainOrderViewSet.as_view(create)),
+    path("django-orders/", views.plain_django_create),
+]

@@ -1,0 +1,132 @@
+"""Views the tests drive; body fields steer what the handler does."""
+
+import hashlib
+import time
+
+from django.http import JsonResponse
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.exceptions import APIException, PermissionDenied
+from rest_framework.parsers import JSONParser, MultiPartParser
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from idempotency import IdempotentViewMixin, idempotent
+from tenancy import current_tenant_id
+from tests.testapp.models import Order, PlainOrder
+
+
+class PaymentDeclined(APIException):
+    status_code = 402
+    default_detail = "The card was declined."
+    default_code = "card_declined"
+
+
+class OrderSerializer(serializers.ModelSerializer):
+    sleep = serializers.FloatField(write_only=True, required=False, min_value=0, max_value=5)
+    then = serializers.CharField(write_only=True, required=False)
+
+    class Meta:
+        model = Order
+        fields = ["id", "sku", "quantity", "note", "sleep", "then"]
+
+    def validate_quantity(self, value):
+        if value < 1:
+            raise serializers.ValidationError("Order at least one.")
+        return value
+
+    def create(self, validated_data):
+        sleep = validated_data.pop("sleep", 0)
+        then = validated_data.pop("then", "")
+        order = Order.objects.create(tenant_id=current_tenant_id(), **validated_data)
+        if sleep:
+            time.sleep(sleep)
+        if then == "raise":
+            raise RuntimeError("the handler failed after writing")
+        if then == "decline":
+            raise PaymentDeclined()
+        if then == "forbid":
+            raise PermissionDenied("not today")
+        return order
+
+
+class OrderViewSet(IdempotentViewMixin, mixins.CreateModelMixin, viewsets.GenericViewSet):
+    idempotency_scope = "order.create"
+    serializer_class = OrderSerializer
+    parser_classes = [JSONParser, MultiPartParser]
+
+    def get_queryset(self):
+        return Order.objects.all()
+
+    def create(self, request, *args, **kwargs):
+        if request.data.get("then") == "unavailable":
+            Order.objects.create(tenant_id=current_tenant_id(), sku="unavailable")
+            return Response({"detail": "try later"}, status=status.HTTP_503_SERVICE_UNAVAILABLE)
+        response = super().create(request, *args, **kwargs)
+        response["Location"] = f"/orders/{response.data['id']}/"
+        response["X-Not-Replayed"] = "1"
+        return response
+
+
+class OrderWaitingViewSet(OrderViewSet):
+    """The same operation, but duplicates wait for the first request and replay."""
+
+    idempotency_wait = 10
+
+
+class OrderOptionalKeyViewSet(OrderViewSet):
+    idempotency_scope = "order.create-optional"
+    idempotency_key_required = False
+
+
+class OrderShortTTLViewSet(OrderViewSet):
+    idempotency_scope = "order.create-short"
+    idempotency_ttl = 1
+
+
+class OrderWriteView(IdempotentViewMixin, APIView):
+    """POST and PUT share one scope, so a key reused across methods is a mismatch."""
+
+    idempotency_scope = "order.write"
+
+    def post(self, request):
+        order = Order.objects.create(tenant_id=current_tenant_id(), sku=request.data["sku"])
+        return Response({"id": order.id}, status=201)
+
+    put = post
+
+
+class UploadView(IdempotentViewMixin, APIView):
+    idempotency_scope = "upload.create"
+    parser_classes = [MultiPartParser]
+
+    def post(self, request):
+        upload = request.data["file"]
+        digest = hashlib.sha256(upload.read()).hexdigest()
+        order = Order.objects.create(
+            tenant_id=current_tenant_id(), sku=request.data.get("sku", "upload"), note=digest
+        )
+        return Response({"id": order.id, "sha256": digest}, status=201)
+
+
+class PlainOrderSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = PlainOrder
+        fields = ["id", "sku", "quantity", "note"]
+
+
+class PlainOrderViewSet(mixins.CreateModelMixin, viewsets.GenericViewSet):
+    """The baseline of the benchmark: the same create, without the mixin."""
+
+    serializer_class = PlainOrderSerializer
+    queryset = PlainOrder.objects.all()
+
+
+@idempotent(scope="order.create-plain-django")
+def plain_django_create(request):
+    import json
+
+    data = json.loads(request.body)
+    order = Order.objects.create(tenant_id=current_tenant_id(), sku=data["sku"])
+    if data.get("then") == "raise":
+        raise RuntimeError("boom")
+    return JsonResponse({"id": order.id}, status=201)
