@@ -55,6 +55,8 @@ def django_db_setup(django_db_blocker):
                 # Used only by the sensitivity test: the same suite, without RLS.
                 cursor.execute(
                     "SELECT format('DROP POLICY %I ON %I', policyname, tablename) FROM pg_policies"
+                    " UNION ALL SELECT format('ALTER TABLE %I DISABLE ROW LEVEL SECURITY', relname)"
+                    " FROM pg_class WHERE relrowsecurity"
                 )
                 for (statement,) in cursor.fetchall():
                     cursor.execute(statement)

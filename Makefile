@@ -1,0 +1,39 @@
+# django-idempotency-outbox — developer entry points.
+#
+#   make test               the whole suite on a private PostgreSQL (started and stopped here)
+#   make bench-idempotency  DRF endpoint with and without the mixin, side by side
+#   make lint               ruff and mypy
+#   make services / make services-stop   keep PostgreSQL and Redis up between runs
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: test bench-idempotency lint services services-stop clean
+
+$(STAMP): pyproject.toml
+	@echo "[make] creating $(VENV) and installing the project with its test tools"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install -q --disable-pip-version-check -U "pip>=25.1"
+	@$(BIN)/python -m pip install -q --disable-pip-version-check -e . --group test --group lint
+	@touch $(STAMP)
+
+test: $(STAMP)
+	@scripts/services run pg -- $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench-idempotency: $(STAMP)
+	@scripts/services run pg -- $(BIN)/python bench/idempotency.py $(BENCH_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check idempotency tenancy tests bench
+	$(BIN)/mypy idempotency tenancy
+
+services:
+	@scripts/services start pg redis
+
+services-stop:
+	@scripts/services stop
+
+clean: services-stop
+	rm -rf .run $(VENV) *.egg-info
