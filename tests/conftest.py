@@ -10,6 +10,7 @@ commits, and each test starts from empty tables (truncated by the owner).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -28,12 +29,7 @@ def _owner_dsn(dbname: str) -> str:
     )
 
 
-GRANTS = """
-GRANT USAGE ON SCHEMA public TO {app}, {system};
-GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {app};
-GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {app};
-GRANT SELECT, DELETE ON idempotency_keys TO {system};
-"""
+GRANTS = (Path(__file__).parent / "grants.sql").read_text()
 
 
 @pytest.fixture(scope="session")

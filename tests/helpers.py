@@ -10,13 +10,19 @@ import pytest
 from django.conf import settings
 from django.db import connections
 
-TRUNCATED = ("idempotency_keys", "testapp_order", "testapp_plain_order")
+#: Apps whose tables are emptied after every test.
+TRUNCATED_APPS = {"idempotency", "outbox", "testapp"}
 
 
 def truncate_all() -> None:
+    from django.apps import apps
+
+    tables = sorted(
+        m._meta.db_table for m in apps.get_models() if m._meta.app_label in TRUNCATED_APPS
+    )
     with connections["owner"].cursor() as cursor:
         cursor.execute("SET lock_timeout = '10s'")
-        cursor.execute(f"TRUNCATE {', '.join(TRUNCATED)} RESTART IDENTITY")
+        cursor.execute(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY")
     connections["owner"].close()
 
 

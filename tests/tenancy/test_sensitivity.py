@@ -15,7 +15,7 @@ def test_every_isolation_test_fails_when_the_policies_are_dropped(tmp_path):
     report = tmp_path / "report.xml"
     env = {
         **os.environ,
-        "DIO_TEST_DB": "dio_test_sensitivity",
+        "DIO_TEST_DB": os.environ.get("DIO_TEST_DB", "dio_test") + "_sensitivity",
         "DIO_TEST_DROP_POLICIES": "1",
     }
     proc = subprocess.run(

@@ -1,0 +1,7 @@
+-- What docs/roles.md grants, run by the owner after `migrate` (the test
+-- harness formats {app} and {system} with the roles of the two aliases).
+GRANT USAGE ON SCHEMA public TO {app}, {system};
+GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {app};
+GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {app};
+-- The system role reaches only the library's own tables.
+GRANT SELECT, DELETE ON idempotency_keys TO {system};
