@@ -42,7 +42,7 @@ from typing import Any, Generic, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
-from idempotency.conf import idempotency_settings
+from idempotency.conf import as_timedelta, idempotency_settings
 from tenancy import tenant_context
 
 T = TypeVar("T")
@@ -223,7 +223,7 @@ def execute(
         A :class:`Result`; ``value`` is the handler's return value when it ran.
     """
     alias = using or DEFAULT_DB_ALIAS
-    ttl = request.ttl or idempotency_settings.TTL
+    ttl = request.ttl or as_timedelta(idempotency_settings.TTL, "IDEMPOTENCY[\"TTL\"]")
     wait = idempotency_settings.IN_PROGRESS_WAIT if wait is None else wait
     deadline = time.monotonic() + wait
     pause = 0.01
@@ -304,6 +304,8 @@ def _answer_from_row(
         return Result(Outcome.MISMATCH)
     if state == "pending" or status is None:
         return Result(Outcome.IN_PROGRESS)
+    if isinstance(headers, str):  # Django leaves jsonb undecoded on raw cursors
+        headers = json.loads(headers)
     stored = StoredResponse(
         status_code=status,
         body=bytes(body or b""),

@@ -14,6 +14,7 @@ from idempotency import core
 from idempotency.conf import as_timedelta, idempotency_settings
 from idempotency.fingerprint import canonical_path, fingerprint, principal_of
 from idempotency.responses import answer, check_request, to_stored_response
+from tenancy import tenant_context
 from tenancy.conf import tenancy_settings
 
 View = Callable[..., HttpResponse]
@@ -68,11 +69,12 @@ def idempotent(
                 return view(request, *args, **kwargs)
             must = idempotency_settings.REQUIRED if required is None else required
             checked = check_request(request, required=must)
-            if checked is None:
-                return view(request, *args, **kwargs)
             if isinstance(checked, HttpResponse):
                 return checked
             key, tenant_id = checked
+            if key is None:  # optional and absent: run as the tenant, without a key
+                with tenant_context(tenant_id, using=tenancy_settings.APP_DATABASE):
+                    return view(request, *args, **kwargs)
             method = request.method or "POST"
             path = canonical_path(request.path, request.META.get("QUERY_STRING", ""))
             body = parsed_body(request)

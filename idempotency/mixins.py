@@ -14,6 +14,7 @@ from idempotency import core
 from idempotency.conf import as_timedelta, idempotency_settings
 from idempotency.fingerprint import canonical_path, fingerprint, principal_of
 from idempotency.responses import answer, check_request, replay_response, to_stored_response
+from tenancy import tenant_context
 from tenancy.conf import tenancy_settings
 from tenancy.resolver import resolve_tenant
 
@@ -74,11 +75,12 @@ class IdempotentViewMixin:
             parse_key=self.get_idempotency_key,
             get_tenant=self.get_idempotency_tenant,
         )
-        if checked is None:
-            return handler(request, *args, **kwargs)
         if isinstance(checked, HttpResponse):
             return checked
         key, tenant_id = checked
+        if key is None:  # optional and absent: run as the tenant, without a key
+            with tenant_context(tenant_id, using=tenancy_settings.APP_DATABASE):
+                return handler(request, *args, **kwargs)
         ttl = self.idempotency_ttl
         ireq = core.IdempotentRequest(
             tenant_id=tenant_id,

@@ -43,27 +43,29 @@ def check_request(
     required: bool,
     parse_key: Callable[[str], str] = core.parse_key,
     get_tenant: Callable[[], int | None] | None = None,
-) -> tuple[str, int] | HttpResponse | None:
+) -> tuple[str | None, int] | HttpResponse:
     """Validate the key header and find the tenant.
 
     Returns:
-        ``(key, tenant_id)`` to go on; an error answer to send instead; or
-        ``None`` when there is no key and none is required (run the view as is).
+        ``(key, tenant_id)`` to go on, where ``key`` is None when the request
+        has no key and none is required (run the view, without a key, as the
+        tenant); or the error answer to send instead.
     """
     s = idempotency_settings
     header = request.headers.get(s.HEADER)
+    key: str | None = None
     if header is None:
-        if not required:
-            return None
-        return problem_response(
-            s.STATUS_KEY_MISSING,
-            "idempotency_key_missing",
-            f"This operation requires an {s.HEADER} header.",
-        )
-    try:
-        key = parse_key(header)
-    except core.InvalidKey as exc:
-        return problem_response(s.STATUS_KEY_INVALID, "idempotency_key_invalid", str(exc))
+        if required:
+            return problem_response(
+                s.STATUS_KEY_MISSING,
+                "idempotency_key_missing",
+                f"This operation requires an {s.HEADER} header.",
+            )
+    else:
+        try:
+            key = parse_key(header)
+        except core.InvalidKey as exc:
+            return problem_response(s.STATUS_KEY_INVALID, "idempotency_key_invalid", str(exc))
     tenant_id = get_tenant() if get_tenant else resolve_tenant(request)
     if tenant_id is None:
         return problem_response(

@@ -1,0 +1,311 @@
+"""Every row of the contract table (docs/mixin.md), through the DRF mixin."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.helpers import count_rows, observer
+
+
+def orders(where: str = "TRUE") -> int:
+    return count_rows("testapp_order", where)
+
+
+def stored_keys() -> list[tuple]:
+    with observer() as conn:
+        return conn.execute(
+            "SELECT tenant_id, scope, key, state, status_code FROM idempotency_keys ORDER BY 1, 3"
+        ).fetchall()
+
+
+def problem(response) -> dict:
+    assert response["Content-Type"] == "application/problem+json"
+    return json.loads(response.content)
+
+
+# --- safe methods and the header ------------------------------------------------
+
+
+def test_safe_methods_are_untouched(client):
+    response = client.get("/orders/", headers={"X-User": "alice"})
+    assert response.status_code == 405  # the viewset has no list: DRF answers, not the mixin
+    assert "Idempotent-Replayed" not in response
+    assert stored_keys() == []
+
+
+def test_a_missing_key_is_400_problem_json(client):
+    response = client.order(key=None)
+    assert response.status_code == 400
+    assert problem(response)["code"] == "idempotency_key_missing"
+    assert orders() == 0
+
+
+def test_a_missing_key_is_allowed_where_the_view_says_so(client):
+    response = client.order(key=None, path="/orders-optional/")
+    assert response.status_code == 201
+    assert orders() == 1
+    assert stored_keys() == []
+
+
+@pytest.mark.parametrize(
+    "header",
+    ["", '""', "x" * 256, '"' + "x" * 256 + '"', "caf\u00e9", '"unterminated', '"a"b"', '"bad\\n"'],
+    ids=["empty", "empty-sf", "256", "256-sf", "non-ascii", "unterminated", "stray-quote", "escape"],
+)
+def test_invalid_keys_are_400(client, header):
+    response = client.order(key=header)
+    assert response.status_code == 400, response.content
+    assert problem(response)["code"] == "idempotency_key_invalid"
+    assert orders() == 0
+    assert stored_keys() == []
+
+
+def test_a_255_character_key_is_accepted(client):
+    assert client.order(key="k" * 255).status_code == 201
+    assert stored_keys()[0][2] == "k" * 255
+
+
+def test_bare_and_quoted_keys_name_the_same_key(client):
+    first = client.order(key="abc")
+    again = client.order(key='"abc"')
+    assert first.status_code == again.status_code == 201
+    assert again["Idempotent-Replayed"] == "true"
+    assert orders() == 1
+
+
+def test_quoted_keys_unescape(client):
+    assert client.order(key='"a\\"b\\\\c"').status_code == 201
+    assert stored_keys()[0][2] == 'a"b\\c'
+
+
+# --- first request and replay ---------------------------------------------------
+
+
+def test_the_first_request_runs_once_and_is_stored(client):
+    response = client.order(key="k1")
+    assert response.status_code == 201
+    assert "Idempotent-Replayed" not in response
+    assert orders() == 1
+    assert stored_keys() == [(1, "order.create", "k1", "completed", 201)]
+
+
+def test_a_retry_replays_status_body_location_and_content_type(client):
+    first = client.order(key="k1")
+    again = client.order(key="k1")
+    assert again.status_code == first.status_code == 201
+    assert again.content == first.content
+    assert again["Location"] == first["Location"]
+    assert again["Content-Type"] == first["Content-Type"] == "application/json"
+    assert again["Idempotent-Replayed"] == "true"
+    assert "X-Not-Replayed" not in again  # only the chosen headers are stored
+    assert orders() == 1
+
+
+def test_a_replay_is_answered_from_the_key_even_if_the_handler_would_now_fail(client):
+    client.order(key="k1")
+    # Same request again: the handler is not run (it would create a second order).
+    for _ in range(3):
+        assert client.order(key="k1")["Idempotent-Replayed"] == "true"
+    assert orders() == 1
+
+
+def test_keys_are_scoped_per_tenant(client):
+    assert client.order(key="k1", user="alice").status_code == 201
+    response = client.order(key="k1", user="bob")
+    assert response.status_code == 201
+    assert "Idempotent-Replayed" not in response
+    assert orders() == 2
+    assert [row[0] for row in stored_keys()] == [1, 2]
+
+
+def test_a_user_without_tenant_is_refused(client):
+    response = client.order(key="k1", user="nobody")
+    assert response.status_code == 403
+    assert problem(response)["code"] == "tenant_unknown"
+
+
+# --- mismatches -------------------------------------------------------------------
+
+
+def assert_mismatch_keeps_original(client, first, response):
+    assert response.status_code == 422
+    assert problem(response)["code"] == "idempotency_key_reused"
+    assert orders() == 1
+    again = client.order(key="k1")
+    assert again.status_code == 201 and again.content == first.content
+    assert again["Idempotent-Replayed"] == "true"
+
+
+def test_same_key_different_body_is_422_and_the_original_is_kept(client):
+    first = client.order(key="k1")
+    response = client.order(key="k1", data={"sku": "coffee", "quantity": 1})
+    assert_mismatch_keeps_original(client, first, response)
+
+
+def test_same_key_different_path_is_422(client):
+    first = client.order(key="k1")
+    response = client.order(key="k1", path="/v2/orders/")
+    assert_mismatch_keeps_original(client, first, response)
+
+
+def test_same_key_different_user_of_the_same_tenant_is_422(client):
+    first = client.order(key="k1", user="alice")
+    response = client.order(key="k1", user="amy")
+    assert_mismatch_keeps_original(client, first, response)
+
+
+def test_same_key_different_method_is_422(client):
+    first = client.order(key="k1", path="/orders-write/", data={"sku": "tea"})
+    response = client.order(key="k1", path="/orders-write/", data={"sku": "tea"}, method="put")
+    assert response.status_code == 422
+    again = client.order(key="k1", path="/orders-write/", data={"sku": "tea"})
+    assert again.content == first.content and again["Idempotent-Replayed"] == "true"
+    assert orders() == 1
+
+
+def test_key_order_and_whitespace_in_json_do_not_matter(client):
+    client.post(
+        "/orders/", data='{"sku": "tea",   "quantity": 1}', content_type="application/json",
+        headers={"X-User": "alice", "Idempotency-Key": "k1"},
+    )
+    again = client.post(
+        "/orders/", data='{"quantity":1,"sku":"tea"}', content_type="application/json",
+        headers={"X-User": "alice", "Idempotency-Key": "k1"},
+    )
+    assert again["Idempotent-Replayed"] == "true"
+
+
+# --- bad bodies and uploads -------------------------------------------------------
+
+
+def test_a_malformed_json_body_is_400_and_not_recorded(client):
+    response = client.post(
+        "/orders/", data='{"sku": ', content_type="application/json",
+        headers={"X-User": "alice", "Idempotency-Key": "k1"},
+    )
+    assert response.status_code == 400
+    assert stored_keys() == []
+    assert client.order(key="k1").status_code == 201  # the corrected retry runs
+
+
+def upload(client, content: bytes, key="u1", sku="doc"):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    return client.post(
+        "/uploads/",
+        {"sku": sku, "file": SimpleUploadedFile("a.txt", content)},
+        format="multipart",
+        headers={"X-User": "alice", "Idempotency-Key": key},
+    )
+
+
+def test_multipart_uploads_are_fingerprinted_by_file_digest(client):
+    first = upload(client, b"hello")
+    assert first.status_code == 201, first.content
+    assert first.json()["sha256"].startswith("2cf24dba")  # the handler read the whole file
+    same = upload(client, b"hello")
+    assert same["Idempotent-Replayed"] == "true"
+    other = upload(client, b"hellO")
+    assert other.status_code == 422
+    assert orders() == 1
+
+
+# --- failures -----------------------------------------------------------------------
+
+
+def test_a_handler_that_writes_then_raises_leaves_nothing_and_the_retry_runs(client):
+    client.raise_request_exception = False
+    response = client.order(key="k1", data={"sku": "tea", "quantity": 1, "then": "raise"})
+    assert response.status_code == 500
+    assert orders() == 0
+    assert stored_keys() == []
+    retry = client.order(key="k1")
+    assert retry.status_code == 201 and "Idempotent-Replayed" not in retry
+    assert orders() == 1
+
+
+def test_a_5xx_answer_is_not_stored_and_its_writes_roll_back(client):
+    response = client.order(key="k1", data={"sku": "x", "then": "unavailable"})
+    assert response.status_code == 503
+    assert orders() == 0 and stored_keys() == []
+
+
+def test_a_final_4xx_is_stored_as_failed_replayed_and_its_writes_roll_back(client):
+    response = client.order(key="k1", data={"sku": "tea", "quantity": 1, "then": "decline"})
+    assert response.status_code == 402
+    assert orders() == 0
+    assert stored_keys() == [(1, "order.create", "k1", "failed", 402)]
+    again = client.order(key="k1", data={"sku": "tea", "quantity": 1, "then": "decline"})
+    assert again.status_code == 402 and again.content == response.content
+    assert again["Idempotent-Replayed"] == "true"
+
+
+def test_a_validation_error_is_a_final_4xx(client):
+    response = client.order(key="k1", data={"sku": "tea", "quantity": 0})
+    assert response.status_code == 400
+    assert stored_keys() == [(1, "order.create", "k1", "failed", 400)]
+    assert client.order(key="k1", data={"sku": "tea", "quantity": 0})["Idempotent-Replayed"] == "true"
+
+
+@pytest.mark.parametrize("status", [401, 403, 404, 408, 409, 425, 429])
+def test_the_unstored_statuses_are_not_stored(client, settings, status):
+    # 403 comes from the handler here; the others are configured the same way.
+    settings.IDEMPOTENCY = {"UNSTORED_STATUS_CODES": (status, 403)}
+    response = client.order(key="k1", data={"sku": "tea", "quantity": 1, "then": "forbid"})
+    assert response.status_code == 403
+    assert orders() == 0 and stored_keys() == []
+
+
+def test_unauthenticated_requests_are_401_before_the_key_is_looked_at(client):
+    response = client.order(key="k1", user=None)
+    assert response.status_code == 401
+    assert stored_keys() == []
+
+
+# --- expiry -------------------------------------------------------------------------
+
+
+def expire_all():
+    with observer() as conn:
+        conn.execute("UPDATE idempotency_keys SET expires_at = now() - interval '1 second'")
+
+
+def test_an_expired_but_unreaped_key_is_treated_as_new(client):
+    client.order(key="k1")
+    expire_all()
+    response = client.order(key="k1", data={"sku": "coffee", "quantity": 2})
+    assert response.status_code == 201
+    assert "Idempotent-Replayed" not in response
+    assert orders() == 2
+    with observer() as conn:
+        (expires_in,) = conn.execute(
+            "SELECT expires_at - now() > interval '23 hours' FROM idempotency_keys"
+        ).fetchone()
+    assert expires_in
+
+
+def test_the_ttl_is_per_view_and_set_by_the_database_clock(client):
+    client.order(key="k1", path="/orders-short/")
+    with observer() as conn:
+        (ttl,) = conn.execute("SELECT expires_at - created_at FROM idempotency_keys").fetchone()
+    assert ttl.total_seconds() == pytest.approx(1, abs=0.5)
+
+
+def test_the_ttl_setting_applies_to_views_without_their_own(client, settings):
+    settings.IDEMPOTENCY = {"TTL": 3600}
+    client.order(key="k1")
+    with observer() as conn:
+        (ttl,) = conn.execute("SELECT expires_at - created_at FROM idempotency_keys").fetchone()
+    assert ttl.total_seconds() == pytest.approx(3600, abs=1)
+
+
+# --- settings for status codes -------------------------------------------------------
+
+
+def test_status_codes_are_settings(client, settings):
+    settings.IDEMPOTENCY = {"STATUS_MISMATCH": 409, "STATUS_KEY_MISSING": 428}
+    assert client.order(key=None).status_code == 428
+    client.order(key="k1")
+    assert client.order(key="k1", data={"sku": "other"}).status_code == 409
