@@ -4,4 +4,4 @@ GRANT USAGE ON SCHEMA public TO {app}, {system};
 GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {app};
 GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {app};
 -- The system role reaches only the library's own tables.
-GRANT SELECT, DELETE ON idempotency_keys TO {system};
+GRANT SELECT, UPDATE, DELETE ON idempotency_keys TO {system};

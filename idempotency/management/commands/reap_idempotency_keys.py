@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from idempotency.reaper import ReaperRefused, reap_expired_keys
+
+
+def positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise ValueError
+    return number
+
+
+class Command(BaseCommand):
+    help = (
+        "Delete expired idempotency keys of every tenant in bounded batches, on the system "
+        "database alias, and report keys stuck unfinished."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--batch-size", type=positive_int, default=None,
+            help='Rows per delete transaction (default: IDEMPOTENCY["REAP_BATCH_SIZE"]).',
+        )
+        parser.add_argument(
+            "--dry-run", action="store_true", help="Count what would be deleted; delete nothing."
+        )
+        parser.add_argument(
+            "--database", default=None,
+            help='Database alias to use (default: TENANCY["SYSTEM_DATABASE"]).',
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        verbose = options["verbosity"] >= 2
+        try:
+            report = reap_expired_keys(
+                batch_size=options["batch_size"],
+                dry_run=options["dry_run"],
+                using=options["database"],
+                progress=self.stdout.write if verbose else None,
+            )
+        except (ReaperRefused, ImproperlyConfigured, ValueError, RuntimeError) as exc:
+            raise CommandError(str(exc)) from exc
+        if report.skipped:
+            self.stdout.write("Another reaper is running (advisory lock held); nothing done.")
+            return
+        verb = "Would delete" if report.dry_run else "Deleted"
+        batches = "" if report.dry_run else f" in {report.batches} batches"
+        self.stdout.write(
+            f"{verb} {report.deleted} expired idempotency keys of {report.tenants} tenants"
+            f"{batches} ({report.seconds:.2f} s)."
+        )
+        if report.stuck_count:
+            self.stdout.write(
+                self.style.WARNING(
+                    f"{report.stuck_count} keys are stuck unfinished (oldest first):"
+                )
+            )
+            for stuck in report.stuck:
+                self.stdout.write(
+                    f"  tenant {stuck.tenant_id} scope {stuck.scope} key {stuck.key!r} "
+                    f"since {stuck.created_at.isoformat()}"
+                )

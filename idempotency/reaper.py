@@ -1,0 +1,206 @@
+"""Deleting expired idempotency keys of every tenant.
+
+The reaper runs on the system alias (``TENANCY["SYSTEM_DATABASE"]``), whose
+role sees every tenant's keys. It walks the tenants that have keys, and for
+each deletes expired rows in bounded batches, one short transaction per batch,
+skipping rows that a live request has locked. One reaper runs at a time: a
+second one finds the advisory lock taken and returns at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connections, transaction
+
+from idempotency.conf import as_timedelta, idempotency_settings
+from tenancy.conf import tenancy_settings
+
+#: Session advisory lock held while a reaper runs ("idem-rea" in ASCII).
+REAP_LOCK_ID = 0x6964656D2D726561
+
+_TENANTS = """
+WITH RECURSIVE tenants(tenant_id) AS (
+    (SELECT tenant_id FROM idempotency_keys ORDER BY tenant_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT k.tenant_id FROM idempotency_keys k
+             WHERE k.tenant_id > tenants.tenant_id ORDER BY k.tenant_id LIMIT 1)
+      FROM tenants WHERE tenants.tenant_id IS NOT NULL
+)
+SELECT tenant_id FROM tenants WHERE tenant_id IS NOT NULL
+"""
+
+_DELETE_BATCH = """
+DELETE FROM idempotency_keys
+ WHERE ctid = ANY(ARRAY(
+       SELECT ctid FROM idempotency_keys
+        WHERE tenant_id = %s AND expires_at <= now()
+        ORDER BY expires_at
+        LIMIT %s
+        FOR UPDATE SKIP LOCKED))
+"""
+
+_COUNT_EXPIRED = "SELECT count(*) FROM idempotency_keys WHERE tenant_id = %s AND expires_at <= now()"
+
+_STUCK = """
+SELECT tenant_id, scope, key, created_at, count(*) OVER ()
+  FROM idempotency_keys
+ WHERE state = 'pending' AND created_at < now() - %s
+ ORDER BY created_at
+ LIMIT %s
+"""
+
+
+class ReaperRefused(Exception):
+    """The reaper's database alias cannot do cross-tenant work."""
+
+
+@dataclass(frozen=True)
+class StuckKey:
+    tenant_id: int
+    scope: str
+    key: str
+    created_at: datetime
+
+
+@dataclass
+class ReapReport:
+    deleted: int = 0
+    batches: int = 0
+    tenants: int = 0
+    dry_run: bool = False
+    skipped: bool = False  # another reaper held the lock
+    seconds: float = 0.0
+    stuck_count: int = 0
+    stuck: list[StuckKey] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, object]:
+        data = asdict(self)
+        data["stuck"] = [
+            {**asdict(s), "created_at": s.created_at.isoformat()} for s in self.stuck
+        ]
+        return data
+
+
+def system_alias(using: str | None = None) -> str:
+    alias = using or tenancy_settings.SYSTEM_DATABASE
+    if alias not in settings.DATABASES:
+        raise ImproperlyConfigured(
+            f"Database alias {alias!r} is not configured: the reaper needs a connection as the "
+            'system role (TENANCY["SYSTEM_DATABASE"], docs/roles.md).'
+        )
+    return alias
+
+
+def ensure_cross_tenant(alias: str, table: str) -> None:
+    """Refuse to run cross-tenant upkeep on an alias that RLS confines to one tenant."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT current_user, row_security_active(%s::regclass)", [table])
+        role, confined = cursor.fetchone()
+    if confined:
+        raise ReaperRefused(
+            f"Database alias {alias!r} connects as {role!r}, which is subject to row-level "
+            f"security on {table}: it cannot see other tenants' rows. Use the system role "
+            '(TENANCY["SYSTEM_DATABASE"], docs/roles.md).'
+        )
+
+
+def reap_expired_keys(
+    *,
+    batch_size: int | None = None,
+    dry_run: bool = False,
+    using: str | None = None,
+    progress: Callable[[str], None] | None = None,
+    stuck_sample: int = 20,
+) -> ReapReport:
+    """Delete the expired keys of every tenant, in batches; report stuck keys.
+
+    Args:
+        batch_size: rows per delete transaction; ``REAP_BATCH_SIZE`` by default.
+        dry_run: count what would be deleted, delete nothing.
+        using: database alias; ``TENANCY["SYSTEM_DATABASE"]`` by default.
+        progress: called with a line after each batch (commands print it).
+        stuck_sample: how many stuck keys to list in the report.
+
+    Returns:
+        A :class:`ReapReport`; ``skipped`` is true when another reaper was running.
+
+    Raises:
+        ReaperRefused: the alias's role is subject to RLS on the keys table.
+        ImproperlyConfigured: the alias does not exist.
+    """
+    started = time.monotonic()
+    alias = system_alias(using)
+    size = int(batch_size or idempotency_settings.REAP_BATCH_SIZE)
+    if size < 1:
+        raise ValueError(f"batch size must be at least 1, not {size}")
+    connection = connections[alias]
+    if connection.in_atomic_block:
+        raise RuntimeError("reap_expired_keys() commits each batch: call it outside atomic().")
+    ensure_cross_tenant(alias, "idempotency_keys")
+    report = ReapReport(dry_run=dry_run)
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [REAP_LOCK_ID])
+        if not cursor.fetchone()[0]:
+            report.skipped = True
+            return report
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(_TENANTS)
+            tenants = [row[0] for row in cursor.fetchall()]
+        for tenant_id in tenants:
+            deleted = _reap_tenant(alias, tenant_id, size, dry_run, report, progress)
+            report.tenants += 1 if deleted else 0
+        _find_stuck(alias, report, stuck_sample)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [REAP_LOCK_ID])
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _reap_tenant(
+    alias: str,
+    tenant_id: int,
+    size: int,
+    dry_run: bool,
+    report: ReapReport,
+    progress: Callable[[str], None] | None,
+) -> int:
+    total = 0
+    if dry_run:
+        with connections[alias].cursor() as cursor:
+            cursor.execute(_COUNT_EXPIRED, [tenant_id])
+            total = cursor.fetchone()[0]
+        report.deleted += total
+        return total
+    while True:
+        with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+            cursor.execute(_DELETE_BATCH, [tenant_id, size])
+            deleted = cursor.rowcount
+        if deleted == 0:
+            return total
+        total += deleted
+        report.deleted += deleted
+        report.batches += 1
+        if progress:
+            progress(f"tenant {tenant_id}: deleted {deleted} (total {report.deleted})")
+        if deleted < size:
+            return total
+
+
+def _find_stuck(alias: str, report: ReapReport, sample: int) -> None:
+    after = as_timedelta(idempotency_settings.STUCK_AFTER, 'IDEMPOTENCY["STUCK_AFTER"]')
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_STUCK, [after, sample])
+        rows = cursor.fetchall()
+    report.stuck = [StuckKey(*row[:4]) for row in rows]
+    report.stuck_count = rows[0][4] if rows else 0
+
+

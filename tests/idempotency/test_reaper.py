@@ -1,0 +1,151 @@
+"""The reaper: only expired rows, every tenant, bounded batches, one at a time."""
+
+from __future__ import annotations
+
+import io
+import threading
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connections
+
+from idempotency.reaper import REAP_LOCK_ID, ReaperRefused, reap_expired_keys
+from tests.helpers import count_rows, observer
+
+
+def make_keys(tenant_id: int, expired: int, live: int, pending_hours_ago: int = 0) -> None:
+    with observer() as conn:
+        conn.execute(
+            """
+            INSERT INTO idempotency_keys (tenant_id, scope, key, request_hash, request_method,
+                   request_path, state, status_code, created_at, expires_at)
+            SELECT %s, 's', 'e' || g, 'h', 'POST', '/', 'completed', 201,
+                   now() - interval '2 days', now() - interval '1 day' - g * interval '1 second'
+              FROM generate_series(1, %s) g
+            UNION ALL
+            SELECT %s, 's', 'l' || g, 'h', 'POST', '/', 'completed', 201,
+                   now(), now() + interval '1 day'
+              FROM generate_series(1, %s) g
+            """,
+            [tenant_id, expired, tenant_id, live],
+        )
+        if pending_hours_ago:
+            conn.execute(
+                "INSERT INTO idempotency_keys (tenant_id, scope, key, request_hash, request_method,"
+                " request_path, state, created_at, expires_at) VALUES (%s, 'pay', 'stuck', 'h',"
+                " 'POST', '/pay', 'pending', now() - %s * interval '1 hour',"
+                " now() + interval '1 day')",
+                [tenant_id, pending_hours_ago],
+            )
+
+
+def test_it_deletes_only_expired_rows_of_every_tenant_in_batches():
+    make_keys(1, expired=25, live=5)
+    make_keys(2, expired=25, live=5)
+    make_keys(3, expired=0, live=5)
+    lines: list[str] = []
+    report = reap_expired_keys(batch_size=10, progress=lines.append)
+    assert report.deleted == 50
+    assert report.batches == 6  # 10 + 10 + 5 per tenant
+    assert report.tenants == 2
+    assert len(lines) == 6
+    assert count_rows("idempotency_keys") == 15
+    assert count_rows("idempotency_keys", "expires_at <= now()") == 0
+
+
+def test_a_dry_run_counts_and_deletes_nothing():
+    make_keys(1, expired=7, live=3)
+    report = reap_expired_keys(dry_run=True)
+    assert (report.deleted, report.batches) == (7, 0)
+    assert count_rows("idempotency_keys") == 10
+
+
+def test_it_refuses_an_alias_confined_by_rls():
+    make_keys(1, expired=3, live=0)
+    with pytest.raises(ReaperRefused, match="row-level security"):
+        reap_expired_keys(using="default")
+    assert count_rows("idempotency_keys") == 3
+
+
+def test_it_refuses_an_unknown_alias():
+    with pytest.raises(Exception, match="not configured"):
+        reap_expired_keys(using="nope")
+
+
+def test_a_second_reaper_steps_aside_while_one_runs():
+    make_keys(1, expired=5, live=0)
+    with observer() as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", [REAP_LOCK_ID])
+        report = reap_expired_keys()
+        assert report.skipped and report.deleted == 0
+    assert count_rows("idempotency_keys") == 5
+
+
+def test_two_concurrent_reapers_neither_double_count_nor_deadlock():
+    make_keys(1, expired=3000, live=10)
+    make_keys(2, expired=3000, live=10)
+    reports = []
+    errors = []
+
+    def run():
+        try:
+            reports.append(reap_expired_keys(batch_size=50))
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a reaper hung"
+    assert errors == []
+    assert sum(r.deleted for r in reports) == 6000
+    assert count_rows("idempotency_keys") == 20
+
+
+def test_it_reports_keys_stuck_unfinished():
+    make_keys(1, expired=0, live=1, pending_hours_ago=3)
+    report = reap_expired_keys()
+    assert report.stuck_count == 1
+    assert report.stuck[0].key == "stuck"
+
+
+def test_the_command_prints_what_it_did():
+    make_keys(1, expired=4, live=1, pending_hours_ago=2)
+    out = io.StringIO()
+    call_command("reap_idempotency_keys", "--batch-size", "3", stdout=out)
+    text = out.getvalue()
+    assert "Deleted 4 expired idempotency keys of 1 tenants in 2 batches" in text
+    assert "1 keys are stuck unfinished" in text and "'stuck'" in text
+
+
+def test_the_command_dry_run_and_verbose_progress():
+    make_keys(1, expired=4, live=1)
+    out = io.StringIO()
+    call_command("reap_idempotency_keys", "--dry-run", stdout=out)
+    assert "Would delete 4 expired" in out.getvalue()
+    out = io.StringIO()
+    call_command("reap_idempotency_keys", "--batch-size", "2", "-v", "2", stdout=out)
+    assert out.getvalue().count("tenant 1: deleted 2") == 2
+
+
+def test_the_command_fails_clearly_on_the_app_alias():
+    with pytest.raises(CommandError, match="row-level security"):
+        call_command("reap_idempotency_keys", "--database", "default")
+
+
+def test_the_command_rejects_a_bad_batch_size():
+    with pytest.raises(CommandError, match="batch-size"):
+        call_command("reap_idempotency_keys", "--batch-size", "0")
+
+
+def test_the_celery_task_runs_the_same_job():
+    from idempotency.tasks import reap_expired_keys as task
+
+    make_keys(2, expired=6, live=1)
+    result = task.apply(kwargs={"batch_size": 4}).get()
+    assert result["deleted"] == 6 and result["batches"] == 2
+    assert count_rows("idempotency_keys") == 1
