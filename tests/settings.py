@@ -23,7 +23,7 @@ def _database(role_env: str, default_role: str) -> dict:
         "PASSWORD": os.environ.get(role_env + "_PASSWORD", role),
         "HOST": os.environ.get("DIO_PGHOST", "127.0.0.1"),
         "PORT": os.environ.get("DIO_PGPORT", "5432"),
-        "CONN_MAX_AGE": 0,
+        "CONN_MAX_AGE": int(os.environ.get("DIO_CONN_MAX_AGE", "0")),
         "TEST": {"NAME": _NAME},
     }
 
@@ -48,6 +48,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "tenancy",
     "idempotency",
+    "outbox",
     "tests.testapp",
 ]
 
@@ -74,3 +75,21 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": "WARNING"},
 }
+
+# The outbox's test consumers; the Celery transport sends to the test worker's
+# task (tests/outbox/celery_app.py) on a per-run queue.
+OUTBOX: dict = {
+    "CONSUMERS": [
+        "tests.outbox.consumers.OrderRecorder",
+        "tests.outbox.consumers.PartitionedRecorder",
+        "tests.outbox.consumers.SlowRecorder",
+    ],
+    "RETRY_BACKOFF": 0,
+    "BROKER_BACKOFF": 0.01,
+    "DATABASE_BACKOFF": 0.2,
+    "CELERY_APP": "tests.outbox.celery_app.app",
+    "CELERY_TASK": "tests.outbox.receive_order",
+    "CELERY_QUEUE": os.environ.get("DIO_CELERY_QUEUE", "dio-outbox-tests"),
+}
+
+CELERY_BROKER_URL = os.environ.get("DIO_REDIS_URL", "redis://127.0.0.1:6379/0")

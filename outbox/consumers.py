@@ -1,0 +1,425 @@
+"""In-database consumers: exactly-once database effects per message.
+
+A consumer batch is one transaction on the app alias (``TENANCY["APP_DATABASE"]``,
+the role under row-level security), so the handler's ordinary ORM writes and
+the offset update commit or roll back together::
+
+    BEGIN                                          -- app alias
+      SELECT ... FROM consumer_offsets             -- this partition's row,
+       WHERE ... FOR UPDATE SKIP LOCKED            --   or skip: another worker has it
+      (read the fenced batch on the system alias, a statement of its own)
+      for each tenant in the batch:
+        SAVEPOINT; SET LOCAL app.tenant_id; handle(message) ...; RELEASE
+      UPDATE consumer_offsets SET last_xid, last_id ...
+    COMMIT
+
+A crash before COMMIT loses the handler's writes together with the offset
+advance, so the batch is handled again, once. A handler that raises is
+rolled back to its savepoint; the offset stops before its message, which is
+retried after a growing pause and, after ``MAX_ATTEMPTS``, parked in
+``outbox_dead_letters`` so the partition moves on.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import groupby
+from typing import Any, ClassVar
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connections, transaction
+from django.utils.module_loading import import_string
+
+from outbox.conf import outbox_settings, setting_seconds
+from outbox.stream import Message, read_batch
+from tenancy import tenant_context
+from tenancy.conf import tenancy_settings
+from tenancy.db import table_facts
+
+logger = logging.getLogger("outbox")
+
+
+class Consumer:
+    """Subclass to handle outbox messages inside the database.
+
+    Example::
+
+        class ShippingProjection(Consumer):
+            name = "shipping"
+            topics = ["order.created", "order.cancelled"]
+            partitions = 4
+
+            def handle(self, message):
+                Shipment.objects.update_or_create(
+                    tenant_id=message.tenant_id,
+                    order_id=message.payload["id"],
+                    defaults={"state": message.topic},
+                )
+
+    and list it in ``OUTBOX["CONSUMERS"]``; ``manage.py run_consumers`` runs it.
+
+    ``handle`` runs inside the message's tenant context, in the same
+    transaction as the offset advance: its database writes happen exactly once
+    per message. It may be called more than once for a message (after a crash,
+    or when another message of its batch fails), so effects outside the
+    database must be idempotent. Raising makes the message retried; its writes
+    are rolled back.
+
+    Attributes:
+        name: unique and stable: the offset rows are keyed by it. Renaming a
+            consumer starts it again from the beginning of the outbox.
+        topics: topics to handle; None handles every topic.
+        partitions: how many workers may share the consumer. Messages with one
+            key always fall into one partition and are handled in order.
+            Changing it needs the consumer's offsets reset (see docs/consumers.md).
+        batch_size, max_attempts: per-consumer overrides of the settings.
+    """
+
+    name: ClassVar[str] = ""
+    topics: ClassVar[Sequence[str] | None] = None
+    partitions: ClassVar[int] = 1
+    batch_size: ClassVar[int | None] = None
+    max_attempts: ClassVar[int | None] = None
+
+    def handle(self, message: Message) -> None:
+        raise NotImplementedError(f"{type(self).__name__}.handle() is not implemented")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+
+class ConsumerConfigError(ImproperlyConfigured):
+    """A consumer is misconfigured (message fit for a one-line command error)."""
+
+
+def validate(consumer: Consumer) -> Consumer:
+    cls = type(consumer)
+    if not isinstance(consumer.name, str) or not consumer.name.strip():
+        raise ConsumerConfigError(f"{cls.__qualname__} has no name")
+    if consumer.name.startswith("relay:"):
+        raise ConsumerConfigError(f"consumer name {consumer.name!r}: 'relay:' is reserved")
+    if len(consumer.name) > 200:
+        raise ConsumerConfigError(f"consumer name {consumer.name[:40]!r}... is over 200 chars")
+    if isinstance(consumer.partitions, bool) or not isinstance(consumer.partitions, int) or (
+        consumer.partitions < 1
+    ):
+        raise ConsumerConfigError(f"{consumer.name}: partitions must be an int >= 1")
+    if consumer.topics is not None and (
+        isinstance(consumer.topics, str) or not all(isinstance(t, str) for t in consumer.topics)
+    ):
+        raise ConsumerConfigError(f"{consumer.name}: topics must be a list of strings or None")
+    return consumer
+
+
+def configured_consumers() -> list[Consumer]:
+    """Instances of the classes listed in ``OUTBOX["CONSUMERS"]``."""
+    consumers: list[Consumer] = []
+    for entry in outbox_settings.CONSUMERS:
+        try:
+            obj = import_string(entry) if isinstance(entry, str) else entry
+        except ImportError as exc:
+            raise ConsumerConfigError(f'OUTBOX["CONSUMERS"]: cannot import {entry!r}: {exc}') from exc
+        consumer = obj() if isinstance(obj, type) else obj
+        if not isinstance(consumer, Consumer):
+            raise ConsumerConfigError(f'OUTBOX["CONSUMERS"]: {entry!r} is not an outbox.Consumer')
+        consumers.append(validate(consumer))
+    names = [c.name for c in consumers]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConsumerConfigError(f'OUTBOX["CONSUMERS"]: duplicate names {duplicates}')
+    return consumers
+
+
+def select_consumers(names: Iterable[str] = ()) -> list[Consumer]:
+    """The configured consumers named in ``names`` (all of them when empty)."""
+    consumers = configured_consumers()
+    wanted = list(names)
+    if not wanted:
+        return consumers
+    by_name = {c.name: c for c in consumers}
+    unknown = [n for n in wanted if n not in by_name]
+    if unknown:
+        known = ", ".join(sorted(by_name)) or "none"
+        raise ConsumerConfigError(f"unknown consumer(s) {', '.join(unknown)} (configured: {known})")
+    return [by_name[n] for n in wanted]
+
+
+def require_cross_tenant_reader(alias: str) -> None:
+    """Refuse a reading alias that row-level security applies to.
+
+    Such a role would see no message (or one tenant's), and the readers would
+    wait forever or, worse, move their offsets past messages they never saw.
+    """
+    if alias not in connections.settings:
+        raise ImproperlyConfigured(
+            f'TENANCY["SYSTEM_DATABASE"] = {alias!r} is not in DATABASES; the outbox reads '
+            "its stream as the system role (docs/outbox.md)."
+        )
+    facts = table_facts(alias, ["outbox_messages"]).get("outbox_messages")
+    if facts is None:
+        raise ImproperlyConfigured("outbox_messages does not exist: run manage.py migrate")
+    if facts.rls_active:
+        raise ImproperlyConfigured(
+            f"database alias {alias!r} is subject to row-level security on outbox_messages: "
+            "it cannot read across tenants (connect it as the system role, docs/outbox.md)."
+        )
+
+
+def ensure_offsets(consumer: Consumer, using: str | None = None) -> None:
+    """Create the consumer's offset rows (at the start of the outbox) if missing.
+
+    Raises:
+        ConsumerConfigError: the rows exist with another partition count; the
+            partitions would no longer match the messages they have passed.
+    """
+    alias = using or tenancy_settings.APP_DATABASE
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            "SELECT DISTINCT partition_count FROM consumer_offsets WHERE name = %s",
+            [consumer.name],
+        )
+        counts = {row[0] for row in cursor.fetchall()}
+        if counts and counts != {consumer.partitions}:
+            raise ConsumerConfigError(
+                f"consumer {consumer.name!r} has {consumer.partitions} partition(s) but its "
+                f"offsets were made with {sorted(counts)}; see docs/consumers.md, "
+                "'Changing the number of partitions'."
+            )
+        cursor.execute(
+            "INSERT INTO consumer_offsets (name, partition, partition_count)"
+            " SELECT %s, p, %s FROM generate_series(0, %s - 1) AS p"
+            " ON CONFLICT (name, partition) DO NOTHING",
+            [consumer.name, consumer.partitions, consumer.partitions],
+        )
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """What one batch did.
+
+    Attributes:
+        handled: messages whose effects were committed.
+        locked: another worker holds this partition; nothing was done.
+        waiting: the head message is waiting for its next attempt.
+        failed: a message raised (and will be retried, or was parked).
+        parked: that message was moved to the dead-letter table.
+        full: the batch was full, so more messages may be ready at once.
+    """
+
+    handled: int = 0
+    locked: bool = False
+    waiting: bool = False
+    failed: bool = False
+    parked: bool = False
+    full: bool = False
+
+
+_LOCK = """
+SELECT last_xid::text, last_id, attempts, coalesce(retry_at > now(), false),
+       coalesce(last_processed_at < now() - interval '5 seconds', true)
+  FROM consumer_offsets
+ WHERE name = %s AND partition = %s
+   FOR UPDATE SKIP LOCKED
+"""
+
+_ADVANCE = """
+UPDATE consumer_offsets
+   SET last_xid = %s::xid8, last_id = %s, last_processed_at = now(),
+       attempts = %s, retry_at = now() + make_interval(secs => %s), last_error = %s
+ WHERE name = %s AND partition = %s
+"""
+
+_PARK = """
+INSERT INTO outbox_dead_letters
+       (tenant_id, consumer, message_pk, message_id, topic, key, aggregate_type,
+        aggregate_id, payload, headers, message_created_at, attempts, error)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, %s, %s, %s)
+"""
+
+
+def run_batch(consumer: Consumer, partition: int = 0) -> BatchResult:
+    """Handle the next batch of one consumer partition, in one transaction.
+
+    Returns at once with ``locked=True`` when another worker holds the
+    partition, and with ``waiting=True`` while a failed head message waits
+    for its next attempt.
+    """
+    app = tenancy_settings.APP_DATABASE
+    system = tenancy_settings.SYSTEM_DATABASE
+    limit = consumer.batch_size or outbox_settings.CONSUMER_BATCH_SIZE
+    max_attempts = consumer.max_attempts or outbox_settings.MAX_ATTEMPTS
+    with transaction.atomic(using=app):
+        with connections[app].cursor() as cursor:
+            cursor.execute(_LOCK, [consumer.name, partition])
+            row = cursor.fetchone()
+        if row is None:
+            return BatchResult(locked=True)
+        last_xid, last_id, attempts, waiting, stale = row
+        if waiting:
+            return BatchResult(waiting=True)
+        batch = read_batch(
+            system,
+            (int(last_xid), last_id),
+            limit,
+            topics=consumer.topics,
+            partition=partition,
+            partition_count=consumer.partitions,
+        )
+        messages = batch.messages
+        if not messages:
+            if stale and batch.passed > (int(last_xid), last_id):
+                _advance(app, consumer, partition, batch.passed, 0, None, "")
+            return BatchResult()
+        done, failure = _handle(consumer, messages, app)
+        position = messages[done - 1].position if done else (int(last_xid), last_id)
+        if failure is None:
+            if len(messages) < limit and batch.passed > position:
+                position = batch.passed
+            _advance(app, consumer, partition, position, 0, None, "")
+            return BatchResult(handled=done, full=len(messages) == limit)
+
+        message, exc = failure
+        attempts = (attempts if done == 0 else 0) + 1
+        error = "".join(traceback.format_exception(exc)).strip()
+        if attempts >= max_attempts:
+            logger.error(
+                "outbox: consumer %s parked message %s (tenant %s, %s) after %d attempts: %s",
+                consumer.name, message.message_id, message.tenant_id, message.topic,
+                attempts, exc,
+            )
+            _park(app, consumer, message, attempts, error)
+            _advance(app, consumer, partition, message.position, 0, None, "")
+            return BatchResult(handled=done, failed=True, parked=True, full=True)
+        delay = _retry_delay(attempts)
+        logger.warning(
+            "outbox: consumer %s failed on message %s (tenant %s, %s), attempt %d of %d, "
+            "retrying in %.1f s: %s",
+            consumer.name, message.message_id, message.tenant_id, message.topic,
+            attempts, max_attempts, delay, exc,
+        )
+        _advance(app, consumer, partition, position, attempts, delay, error[-4000:])
+        return BatchResult(handled=done, failed=True)
+
+
+def _retry_delay(attempts: int) -> float:
+    first = setting_seconds("RETRY_BACKOFF")
+    return min(first * 2 ** (attempts - 1), setting_seconds("RETRY_BACKOFF_MAX"))
+
+
+def _advance(
+    alias: str,
+    consumer: Consumer,
+    partition: int,
+    position: tuple[int, int],
+    attempts: int,
+    delay: float | None,
+    error: str,
+) -> None:
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            _ADVANCE,
+            [str(position[0]), position[1], attempts, delay, error, consumer.name, partition],
+        )
+
+
+def _handle(
+    consumer: Consumer, messages: list[Message], alias: str
+) -> tuple[int, tuple[Message, Exception] | None]:
+    """Run ``handle`` over ``messages``; return how many of the first succeeded.
+
+    The fast path handles the batch one tenant at a time (one savepoint and
+    one tenant switch per tenant, not per message; per-key order holds since a
+    key belongs to one tenant). If anything raises, that work is rolled back
+    and the batch is handled again in stream order, one savepoint per
+    message, to find the first failure; the messages before it are kept.
+    """
+    try:
+        with transaction.atomic(using=alias):
+            ordered = sorted(messages, key=lambda m: m.tenant_id)  # stable: keeps key order
+            for tenant_id, group in groupby(ordered, key=lambda m: m.tenant_id):
+                with tenant_context(tenant_id, using=alias):
+                    for message in group:
+                        consumer.handle(message)
+        return len(messages), None
+    except Exception:
+        pass
+    for index, message in enumerate(messages):
+        try:
+            with tenant_context(message.tenant_id, using=alias):
+                consumer.handle(message)
+        except Exception as exc:
+            return index, (message, exc)
+    return len(messages), None
+
+
+def _park(alias: str, consumer: Consumer, message: Message, attempts: int, error: str) -> None:
+    import json
+
+    from django.core.serializers.json import DjangoJSONEncoder
+
+    with tenant_context(message.tenant_id, using=alias), connections[alias].cursor() as cursor:
+        cursor.execute(
+            _PARK,
+            [
+                message.tenant_id,
+                consumer.name,
+                message.id,
+                message.message_id,
+                message.topic,
+                message.key,
+                message.aggregate_type,
+                message.aggregate_id,
+                json.dumps(message.payload, cls=DjangoJSONEncoder),
+                json.dumps(message.headers, cls=DjangoJSONEncoder),
+                message.created_at,
+                attempts,
+                error,
+            ],
+        )
+
+
+def run_consumers(
+    consumers: Sequence[Consumer],
+    *,
+    stop: Any = None,
+    once: bool = False,
+) -> int:
+    """Run ``consumers`` (all their partitions) until stopped; return messages handled.
+
+    One process may run many consumers; several processes may run the same
+    ones: each batch locks its partition's offset row with SKIP LOCKED, so
+    workers share partitions without a leader. With ``once``, returns when
+    every partition is idle (or held by another worker).
+    """
+    import threading
+
+    from outbox.loops import run_loop, stop_on_signals
+    from outbox.publishing import wake_up
+
+    require_cross_tenant_reader(tenancy_settings.SYSTEM_DATABASE)
+    for consumer in consumers:
+        validate(consumer)
+        ensure_offsets(consumer)
+    work = [(c, p) for c in consumers for p in range(c.partitions)]
+    total = 0
+    turn = 0
+
+    def step() -> bool:
+        nonlocal total, turn
+        busy = False
+        # Start from a different partition each round, so that two workers
+        # started together do not keep colliding on the same rows.
+        turn = (turn + 1) % max(len(work), 1)
+        for consumer, partition in work[turn:] + work[:turn]:
+            result = run_batch(consumer, partition)
+            total += result.handled
+            busy = busy or result.full
+        return busy
+
+    stop = stop or threading.Event()
+    with stop_on_signals(stop):
+        run_loop(step, name="run_consumers", stop=stop, wake_up=wake_up, once=once)
+    return total

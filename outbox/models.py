@@ -1,0 +1,143 @@
+"""The outbox's tables.
+
+Rows of ``outbox_messages`` are written by :func:`outbox.publish` with one SQL
+statement and read by the relay and the consumers with SQL of their own; the
+models are for reading, the admin and the tests. The parts Django cannot
+express (the identity column, the ``xid8`` default, the delivery index and the
+row-level security policies) are in ``outbox/sql/``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import models
+from django.db.models.functions import Now
+
+
+class XID8Field(models.Field):  # type: ignore[type-arg]
+    """PostgreSQL's ``xid8``: a 64-bit transaction id that never wraps around."""
+
+    description = "PostgreSQL xid8"
+
+    def db_type(self, connection: Any) -> str:
+        return "xid8"
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> int | None:
+        return None if value is None else int(value)
+
+    def get_db_prep_value(self, value: Any, connection: Any, prepared: bool = False) -> Any:
+        return None if value is None else str(int(value))
+
+
+class OutboxMessage(models.Model):
+    """One event, written in the same transaction as the change it announces.
+
+    Append-only: the app role may insert and read (its own tenant's rows), never
+    update or delete. ``xid`` is the writing transaction's id; readers order by
+    ``(xid, id)`` and read only below the oldest running transaction, so a
+    message committed late is never skipped (see docs/guarantees.md).
+    """
+
+    tenant_isolated = True
+
+    pk = models.CompositePrimaryKey("tenant_id", "id")
+    tenant_id = models.BigIntegerField()
+    id = models.BigIntegerField()
+    xid = XID8Field()
+    message_id = models.UUIDField()
+    topic = models.CharField(max_length=200)
+    key = models.CharField(max_length=200, null=True)
+    aggregate_type = models.CharField(max_length=200, null=True)
+    aggregate_id = models.CharField(max_length=200, null=True)
+    payload = models.JSONField()
+    headers = models.JSONField(default=dict)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "outbox_messages"
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}/{self.id} {self.topic} ({self.message_id})"
+
+
+class ConsumerOffset(models.Model):
+    """How far one reader (a consumer partition, or a relay) has read.
+
+    Global, not per tenant: a reader follows the one stream of all tenants.
+    The position is the ``(xid, id)`` of the last message passed. ``attempts``,
+    ``retry_at`` and ``last_error`` describe the message at the head of this
+    partition while it keeps failing; ``lease_owner`` and ``lease_until`` are
+    used by relays only.
+    """
+
+    pk = models.CompositePrimaryKey("name", "partition")
+    name = models.CharField(max_length=200)
+    partition = models.IntegerField(default=0)
+    partition_count = models.IntegerField(default=1)
+    last_xid = XID8Field(default=0)
+    last_id = models.BigIntegerField(default=0)
+    last_processed_at = models.DateTimeField(null=True)
+    attempts = models.IntegerField(default=0)
+    retry_at = models.DateTimeField(null=True)
+    last_error = models.TextField(blank=True, default="")
+    lease_owner = models.CharField(max_length=200, blank=True, default="")
+    lease_until = models.DateTimeField(null=True)
+
+    class Meta:
+        db_table = "consumer_offsets"
+
+    def __str__(self) -> str:
+        return f"{self.name}[{self.partition}] at ({self.last_xid}, {self.last_id})"
+
+
+class DeadLetter(models.Model):
+    """A message a consumer gave up on after ``MAX_ATTEMPTS``, kept for people.
+
+    A copy of the message, so the reaper may delete the original. Re-driving
+    runs the consumer's handler again and deletes the row in the same
+    transaction.
+    """
+
+    tenant_isolated = True
+
+    pk = models.CompositePrimaryKey("tenant_id", "id")
+    tenant_id = models.BigIntegerField()
+    id = models.BigIntegerField()
+    consumer = models.CharField(max_length=200)
+    message_pk = models.BigIntegerField()
+    message_id = models.UUIDField()
+    topic = models.CharField(max_length=200)
+    key = models.CharField(max_length=200, null=True)
+    aggregate_type = models.CharField(max_length=200, null=True)
+    aggregate_id = models.CharField(max_length=200, null=True)
+    payload = models.JSONField()
+    headers = models.JSONField(default=dict)
+    message_created_at = models.DateTimeField()
+    attempts = models.IntegerField()
+    error = models.TextField()
+    parked_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "outbox_dead_letters"
+
+    def __str__(self) -> str:
+        return f"{self.consumer}: {self.tenant_id}/{self.message_pk} {self.topic}"
+
+
+class ReceivedMessage(models.Model):
+    """A message id a broker-side receiver has already handled (its de-duplication memory)."""
+
+    tenant_isolated = True
+
+    pk = models.CompositePrimaryKey("tenant_id", "receiver", "message_id")
+    tenant_id = models.BigIntegerField()
+    receiver = models.CharField(max_length=200)
+    message_id = models.UUIDField()
+    received_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "outbox_received"
+
+    def __str__(self) -> str:
+        return f"{self.receiver}: {self.tenant_id}/{self.message_id}"

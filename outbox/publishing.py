@@ -1,0 +1,141 @@
+"""``publish()``: write an event in the caller's transaction."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import connections, transaction
+from django.utils.module_loading import import_string
+
+from outbox.conf import outbox_settings
+from tenancy import current_tenant_id
+from tenancy.conf import tenancy_settings
+
+logger = logging.getLogger("outbox")
+
+#: Set after a commit that published; relays running in this process wait on it.
+wake_up = threading.Event()
+
+
+class OutboxError(Exception):
+    """Base class of the outbox's errors."""
+
+
+class NotInTransaction(OutboxError):
+    """``publish()`` was called outside ``transaction.atomic()``."""
+
+
+class NoTenant(OutboxError):
+    """``publish()`` was called without a tenant context."""
+
+
+_INSERT = """
+INSERT INTO outbox_messages
+       (tenant_id, message_id, topic, key, aggregate_type, aggregate_id, payload, headers)
+VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s::jsonb)
+"""
+
+
+def publish(
+    topic: str,
+    payload: Any,
+    *,
+    key: str | None = None,
+    aggregate_type: str | None = None,
+    aggregate_id: str | int | None = None,
+    headers: Mapping[str, Any] | None = None,
+    message_id: uuid.UUID | None = None,
+    using: str | None = None,
+) -> uuid.UUID:
+    """Record an event in the current transaction; it is delivered after COMMIT.
+
+    The message commits or rolls back with the caller's writes: a rolled-back
+    order never announces itself, and a committed one always does. That is
+    the whole point, so calling this outside ``transaction.atomic()`` raises
+    instead of committing the message on its own.
+
+    Example::
+
+        with tenant_context(42):           # opens the transaction
+            order = Order.objects.create(...)
+            publish("order.created", {"id": order.pk}, key=f"order:{order.pk}")
+
+    Args:
+        topic: what happened, e.g. ``"order.created"``; consumers and the
+            Celery transport select by it.
+        payload: JSON-serialisable data (dates, decimals and UUIDs are
+            encoded as by Django's JSON encoder).
+        key: the ordering key: messages with the same key reach each consumer
+            partition in order. Usually the aggregate, e.g. ``"order:71001"``.
+        aggregate_type, aggregate_id: the entity the event is about (the
+            columns Debezium's outbox router calls by these names).
+        headers: extra JSON-serialisable metadata (trace ids and the like).
+        message_id: the message's UUID; a new random one when omitted.
+        using: database alias; ``TENANCY["APP_DATABASE"]`` when omitted.
+
+    Returns:
+        The message id, which receivers use to de-duplicate.
+
+    Raises:
+        NotInTransaction: not inside ``transaction.atomic()``.
+        NoTenant: no :func:`tenancy.tenant_context` is open.
+        TypeError: the payload or headers are not JSON-serialisable.
+    """
+    alias = using or tenancy_settings.APP_DATABASE
+    connection = connections[alias]
+    if not connection.in_atomic_block:
+        raise NotInTransaction(
+            f"outbox.publish({topic!r}) must run inside transaction.atomic() (or "
+            "tenant_context()): the message has to commit with the change it announces."
+        )
+    tenant_id = current_tenant_id(using=alias)
+    if tenant_id is None:
+        raise NoTenant(
+            f"outbox.publish({topic!r}) needs a tenant: call it inside tenant_context(tenant_id)."
+        )
+    if not isinstance(topic, str) or not topic:
+        raise ValueError("outbox.publish(): topic must be a non-empty string")
+    message_id = message_id or uuid.uuid4()
+    body = json.dumps(payload, cls=DjangoJSONEncoder)
+    extra = json.dumps(dict(headers or {}), cls=DjangoJSONEncoder)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _INSERT,
+            [
+                tenant_id,
+                message_id,
+                topic,
+                key,
+                aggregate_type,
+                None if aggregate_id is None else str(aggregate_id),
+                body,
+                extra,
+            ],
+        )
+    _kick_after_commit(connection, alias)
+    return message_id
+
+
+def _kick_after_commit(connection: Any, alias: str) -> None:
+    # One wake-up per transaction, however many messages it publishes. Django
+    # drops the hooks of a rolled-back transaction or savepoint, so looking
+    # for ours among the pending hooks is always accurate.
+    if any(entry[1] is _kick for entry in connection.run_on_commit):
+        return
+    transaction.on_commit(_kick, using=alias)
+
+
+def _kick() -> None:
+    wake_up.set()
+    hook = outbox_settings.ON_COMMIT
+    if hook:
+        try:
+            (import_string(hook) if isinstance(hook, str) else hook)()
+        except Exception:  # the messages are committed; polling will find them
+            logger.exception("outbox: the ON_COMMIT wake-up hook failed")

@@ -1,0 +1,178 @@
+"""The relay: from ``outbox_messages`` to a broker, at least once.
+
+A relay is an offset reader on the system alias, like a consumer, with one
+difference: its effect (publishing to a broker) is outside the database, so it
+cannot share a transaction with the offset. Each round therefore is::
+
+    1. claim or renew the lease on the offset row  (one UPDATE, committed)
+    2. read the fenced batch after the offset      (one SELECT)
+    3. send the batch to the broker                (no transaction open)
+    4. advance the offset, compare-and-set on the old position and the lease
+
+A crash between 3 and 4 sends the batch again on restart (at-least-once);
+receivers drop the duplicates by message id. If the broker fails, the offset
+stays put and the batch is retried after a growing pause: nothing is skipped.
+Several relays may run (on several hosts); the lease lets one of them work
+at a time, and the compare-and-set keeps a relay whose lease ran out from
+moving the offset under another one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+
+from django.db import connections
+
+from outbox.conf import outbox_settings, setting_seconds
+from outbox.consumers import require_cross_tenant_reader
+from outbox.loops import DATABASE_ERRORS, run_loop, stop_on_signals
+from outbox.publishing import wake_up
+from outbox.stream import read_batch
+from outbox.transports import Transport, get_transport
+from tenancy.conf import tenancy_settings
+
+logger = logging.getLogger("outbox")
+
+_CLAIM = """
+UPDATE consumer_offsets
+   SET lease_owner = %s, lease_until = now() + make_interval(secs => %s)
+ WHERE name = %s AND partition = 0
+   AND (lease_owner = %s OR lease_until IS NULL OR lease_until < now())
+RETURNING last_xid::text, last_id
+"""
+
+_ADVANCE = """
+UPDATE consumer_offsets
+   SET last_xid = %s::xid8, last_id = %s, last_processed_at = now()
+ WHERE name = %s AND partition = 0
+   AND last_xid = %s::xid8 AND last_id = %s AND lease_owner = %s
+"""
+
+
+class Relay:
+    """Moves committed messages to a transport, in ``(xid, id)`` order.
+
+    Args:
+        transport: a :class:`~outbox.transports.Transport`; ``OUTBOX["TRANSPORT"]``
+            when omitted.
+        name: the relay's offset is the row ``relay:<name>``; ``OUTBOX["RELAY_NAME"]``
+            when omitted. Relays with different names each deliver everything.
+        batch_size: messages per round; ``OUTBOX["RELAY_BATCH_SIZE"]`` when omitted.
+    """
+
+    def __init__(
+        self,
+        transport: Transport | str | None = None,
+        *,
+        name: str | None = None,
+        batch_size: int | None = None,
+    ) -> None:
+        self.transport = get_transport(transport)
+        self.name = name or outbox_settings.RELAY_NAME
+        self.offset_name = f"relay:{self.name}"
+        self.batch_size = batch_size or outbox_settings.RELAY_BATCH_SIZE
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.alias = tenancy_settings.SYSTEM_DATABASE
+        self.stop = threading.Event()
+        self.sent = 0
+        self._broker_failures = 0
+        self._checked = False
+
+    def _claim(self) -> tuple[int, int] | None:
+        lease = setting_seconds("RELAY_LEASE")
+        with connections[self.alias].cursor() as cursor:
+            cursor.execute(_CLAIM, [self.owner, lease, self.offset_name, self.owner])
+            row = cursor.fetchone()
+            if row is None:
+                cursor.execute(
+                    "INSERT INTO consumer_offsets (name, partition, partition_count)"
+                    " VALUES (%s, 0, 1) ON CONFLICT DO NOTHING",
+                    [self.offset_name],
+                )
+                if cursor.rowcount:
+                    cursor.execute(_CLAIM, [self.owner, lease, self.offset_name, self.owner])
+                    row = cursor.fetchone()
+        return None if row is None else (int(row[0]), int(row[1]))
+
+    def step(self) -> bool:
+        """One round; True when another round may find work at once."""
+        if not self._checked:
+            require_cross_tenant_reader(self.alias)
+            self._checked = True
+        position = self._claim()
+        if position is None:
+            return False  # another relay holds the lease
+        batch = read_batch(self.alias, position, self.batch_size)
+        if not batch.messages:
+            return False
+        try:
+            self.transport.send(batch.messages)
+        except DATABASE_ERRORS:
+            raise
+        except Exception as exc:
+            self._broker_failures += 1
+            pause = min(
+                setting_seconds("BROKER_BACKOFF") * 2 ** (self._broker_failures - 1),
+                setting_seconds("BROKER_BACKOFF_MAX"),
+            )
+            logger.warning(
+                "outbox: relay %s could not send %d message(s) (%s: %s); "
+                "sending them again in %.1f s",
+                self.name, len(batch.messages), type(exc).__name__, exc, pause,
+            )
+            self.stop.wait(pause)
+            return True
+        if self._broker_failures:
+            logger.info("outbox: relay %s reaches the broker again", self.name)
+            self._broker_failures = 0
+        last = batch.messages[-1].position
+        with connections[self.alias].cursor() as cursor:
+            cursor.execute(
+                _ADVANCE,
+                [str(last[0]), last[1], self.offset_name, str(position[0]), position[1],
+                 self.owner],
+            )
+            advanced = cursor.rowcount == 1
+        if not advanced:
+            logger.warning(
+                "outbox: relay %s lost its lease while sending; another relay will send "
+                "those %d message(s) again (receivers de-duplicate them)",
+                self.name, len(batch.messages),
+            )
+            return False
+        self.sent += len(batch.messages)
+        return len(batch.messages) == self.batch_size
+
+    def drain(self) -> int:
+        """Relay until nothing is left below the fence; return messages sent.
+
+        A database error propagates (this is for one-shot use: tests, tasks).
+        """
+        before = self.sent
+        run_loop(self.step, name=f"relay {self.name}", stop=self.stop, once=True)
+        return self.sent - before
+
+    def run(self) -> None:
+        """Relay until SIGTERM/SIGINT (or :attr:`stop` is set), surviving outages."""
+        with stop_on_signals(self.stop):
+            try:
+                run_loop(self.step, name=f"relay {self.name}", stop=self.stop, wake_up=wake_up)
+            finally:
+                self.release()
+                self.transport.close()
+
+    def release(self) -> None:
+        """Give the lease up, so that another relay takes over at once."""
+        try:
+            with connections[self.alias].cursor() as cursor:
+                cursor.execute(
+                    "UPDATE consumer_offsets SET lease_until = NULL, lease_owner = ''"
+                    " WHERE name = %s AND partition = 0 AND lease_owner = %s",
+                    [self.offset_name, self.owner],
+                )
+        except DATABASE_ERRORS:
+            pass  # the lease runs out by itself

@@ -1,0 +1,140 @@
+"""Deleting old messages, never one that a reader has not passed.
+
+A message is deleted when it is older than ``OUTBOX["RETENTION"]`` AND its
+``(xid, id)`` is below the position of every reader: every row of
+``consumer_offsets`` (all consumer partitions and relays) and every
+configured consumer or relay that has no row yet (it will start from the
+beginning, so nothing may go). A consumer that is retired must have its
+offset rows deleted, or it holds retention back (``outbox_status`` shows it).
+
+Runs on the system alias, in bounded batches (one short transaction each),
+along the delivery index. Also forgets receiver records older than
+``OUTBOX["RECEIVED_RETENTION"]``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
+
+from outbox.conf import outbox_settings, setting_seconds
+from outbox.consumers import configured_consumers
+from tenancy.conf import tenancy_settings
+from tenancy.db import table_facts
+
+logger = logging.getLogger("outbox")
+
+
+@dataclass(frozen=True)
+class ReapResult:
+    messages: int
+    received: int
+    horizon: tuple[int, int] | None
+
+
+def _require_bypass(alias: str) -> None:
+    tables = ["outbox_messages", "outbox_received"]
+    facts = table_facts(alias, tables)
+    missing = [t for t in tables if t not in facts]
+    if missing:
+        raise ImproperlyConfigured(f"{', '.join(missing)} missing: run manage.py migrate")
+    bound = [t for t in tables if facts[t].rls_active]
+    if bound:
+        raise ImproperlyConfigured(
+            f"reap_outbox: database alias {alias!r} is subject to row-level security on "
+            f"{', '.join(bound)}; it must run as the system role (docs/outbox.md)."
+        )
+
+
+def horizon(using: str | None = None) -> tuple[int, int] | None:
+    """The lowest reader position: messages strictly below it were passed by all.
+
+    None when some configured reader has no offset row yet (nothing may be
+    deleted) or when there are no readers at all.
+    """
+    alias = using or tenancy_settings.SYSTEM_DATABASE
+    expected = {(c.name, p) for c in configured_consumers() for p in range(c.partitions)}
+    if outbox_settings.RELAY:
+        expected.add((f"relay:{outbox_settings.RELAY_NAME}", 0))
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT name, partition, last_xid::text, last_id FROM consumer_offsets")
+        rows = cursor.fetchall()
+    present = {(name, partition) for name, partition, _, _ in rows}
+    if not rows or expected - present:
+        return None
+    return min((int(xid), int(last_id)) for _, _, xid, last_id in rows)
+
+
+_DELETE_MESSAGES = """
+DELETE FROM outbox_messages
+ WHERE (tenant_id, id) IN (
+        SELECT tenant_id, id FROM outbox_messages
+         WHERE (xid, id) <= (%s::xid8, %s)
+           AND created_at < now() - make_interval(secs => %s)
+         ORDER BY xid, id
+         LIMIT %s)
+"""
+
+_TENANTS = """
+WITH RECURSIVE t(tenant_id) AS (
+    (SELECT tenant_id FROM outbox_received ORDER BY tenant_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT r.tenant_id FROM outbox_received r
+             WHERE r.tenant_id > t.tenant_id ORDER BY r.tenant_id LIMIT 1)
+      FROM t WHERE t.tenant_id IS NOT NULL
+)
+SELECT tenant_id FROM t WHERE tenant_id IS NOT NULL
+"""
+
+_DELETE_RECEIVED = """
+DELETE FROM outbox_received
+ WHERE (tenant_id, receiver, message_id) IN (
+        SELECT tenant_id, receiver, message_id FROM outbox_received
+         WHERE tenant_id = %s AND received_at < now() - make_interval(secs => %s)
+         LIMIT %s)
+"""
+
+
+def reap(batch_size: int | None = None, using: str | None = None) -> ReapResult:
+    """Delete expired, passed messages and old receiver records; return the counts.
+
+    Raises:
+        ImproperlyConfigured: the alias is subject to row-level security
+            (it would see, and delete, at most one tenant's rows).
+    """
+    alias = using or tenancy_settings.SYSTEM_DATABASE
+    size = batch_size or outbox_settings.REAP_BATCH_SIZE
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"batch size must be a positive int, not {size!r}")
+    _require_bypass(alias)
+    retention = setting_seconds("RETENTION")
+    limit = horizon(alias)
+    messages = 0
+    if limit is not None:
+        # Strictly below the lowest position is "<=" the position itself: the
+        # reader has passed the message it points at.
+        while True:
+            with connections[alias].cursor() as cursor:
+                cursor.execute(_DELETE_MESSAGES, [str(limit[0]), limit[1], retention, size])
+                deleted = cursor.rowcount
+            messages += deleted
+            if deleted < size:
+                break
+    received = 0
+    keep = setting_seconds("RECEIVED_RETENTION")
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_TENANTS)
+        tenants = [row[0] for row in cursor.fetchall()]
+    for tenant_id in tenants:
+        while True:
+            with connections[alias].cursor() as cursor:
+                cursor.execute(_DELETE_RECEIVED, [tenant_id, keep, size])
+                deleted = cursor.rowcount
+            received += deleted
+            if deleted < size:
+                break
+    logger.info("outbox: reaped %d message(s) and %d receiver record(s)", messages, received)
+    return ReapResult(messages, received, limit)

@@ -1,0 +1,42 @@
+"""The Celery app of the end-to-end tests (run as a real worker subprocess).
+
+``celery -A tests.outbox.celery_app worker -Q <queue>``: receives the
+envelopes the relay sends and records each as an Order, de-duplicated by
+message id in the same transaction (outbox.receivers).
+"""
+
+from __future__ import annotations
+
+import os
+
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+django.setup()
+
+from celery import Celery  # noqa: E402
+from django.conf import settings  # noqa: E402
+
+from outbox.receivers import receiver  # noqa: E402
+from outbox.stream import Message  # noqa: E402
+from tenancy import current_tenant_id  # noqa: E402
+from tests.testapp.models import Order  # noqa: E402
+
+app = Celery("dio_outbox_tests", broker=settings.CELERY_BROKER_URL)
+app.conf.update(
+    task_default_queue=settings.OUTBOX["CELERY_QUEUE"],
+    task_acks_late=True,
+    worker_prefetch_multiplier=16,
+    broker_connection_retry_on_startup=True,
+    task_ignore_result=True,
+)
+
+
+@app.task(name="tests.outbox.receive_order")
+@receiver("tests.receive_order")
+def receive_order(message: Message) -> None:
+    Order.objects.create(
+        tenant_id=current_tenant_id(),
+        sku=str(message.payload.get("sku", ""))[:50],
+        note=str(message.message_id),
+    )

@@ -1,0 +1,81 @@
+"""Consumers the tests run. Their effect is an Order row per message, under RLS.
+
+Each handler writes through the ordinary ORM, as the app role, inside the
+message's tenant context: an Order whose ``note`` is the message id, so the
+tests count effects per message.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from outbox import Consumer, Message
+from tenancy import current_tenant_id
+from tests.testapp.models import Order
+
+#: sku -> how many more times the handler raises for it (in this process).
+FAILURES: dict[str, int] = {}
+
+
+class Boom(Exception):
+    pass
+
+
+def record(message: Message) -> Order:
+    return Order.objects.create(
+        tenant_id=current_tenant_id(),
+        sku=str(message.payload.get("sku", message.key or ""))[:50],
+        quantity=int(message.payload.get("seq", 1)),
+        note=str(message.message_id),
+    )
+
+
+class OrderRecorder(Consumer):
+    """Records order.placed; raises for poison messages and FAILURES."""
+
+    name = "orders"
+    topics = ["order.placed"]
+    batch_size = 50
+
+    def handle(self, message: Message) -> None:
+        record(message)  # written first, so a failure has something to roll back
+        sku = message.payload.get("sku", "")
+        if message.payload.get("poison"):
+            raise Boom(f"poison message {sku}")
+        if FAILURES.get(sku, 0) > 0:
+            FAILURES[sku] -= 1
+            raise Boom(f"transient failure on {sku}")
+
+
+class PartitionedRecorder(Consumer):
+    """Four partitions by key; quantity records the per-key sequence number."""
+
+    name = "orders-partitioned"
+    topics = ["order.sequenced"]
+    partitions = 4
+    batch_size = 20
+
+    def handle(self, message: Message) -> None:
+        delay = float(os.environ.get("DIO_HANDLER_DELAY", "0"))
+        if delay:
+            time.sleep(delay)
+        record(message)
+
+
+class SlowRecorder(Consumer):
+    """Hangs on the message whose sku is $DIO_HANG_ON, after touching $DIO_HANG_MARKER.
+
+    Used to kill a consumer process while a batch is open.
+    """
+
+    name = "orders-slow"
+    topics = ["order.slow"]
+    batch_size = 10
+
+    def handle(self, message: Message) -> None:
+        record(message)
+        if message.payload.get("sku") == os.environ.get("DIO_HANG_ON"):
+            Path(os.environ["DIO_HANG_MARKER"]).touch()
+            time.sleep(3600)

@@ -1,0 +1,174 @@
+"""Helpers for the outbox tests: publishing from raw connections, counting effects,
+running the library's processes as real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from django.db import transaction
+
+from outbox import publish
+from outbox.consumers import Consumer, ensure_offsets, run_batch
+from tenancy import tenant_context
+from tests.helpers import observer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: Generous: waits end as soon as their condition holds. They exist because a
+#: transaction open elsewhere on the server (another test database) may hold
+#: the delivery fence back for a moment; nothing here measures time.
+PATIENCE = 60.0
+
+
+def publish_as(tenant_id: int, topic: str, payload: dict[str, Any], **kwargs: Any) -> uuid.UUID:
+    """Publish one message in its own transaction, as the app would."""
+    with tenant_context(tenant_id), transaction.atomic():
+        return publish(topic, payload, **kwargs)
+
+
+def publish_many(tenant_id: int, topic: str, payloads: Iterable[dict[str, Any]],
+                 key: Callable[[dict[str, Any]], str | None] = lambda p: None) -> list[uuid.UUID]:
+    """Publish several messages in one transaction."""
+    with tenant_context(tenant_id):
+        return [publish(topic, p, key=key(p)) for p in payloads]
+
+
+def raw_publish(conn: psycopg.Connection, tenant_id: int, topic: str,
+                payload: dict[str, Any], key: str | None = None) -> tuple[int, uuid.UUID]:
+    """INSERT a message on a raw app-role connection, in its open transaction.
+
+    The same row publish() writes; used where two transactions must be open at
+    once (Django has one connection per thread).
+    """
+    message_id = uuid.uuid4()
+    conn.execute(f"SET LOCAL app.tenant_id = '{int(tenant_id)}'")
+    row = conn.execute(
+        "INSERT INTO outbox_messages (tenant_id, message_id, topic, key, payload)"
+        " VALUES (%s, %s, %s, %s, %s::jsonb) RETURNING id",
+        [tenant_id, message_id, topic, key, json.dumps(payload)],
+    ).fetchone()
+    return row[0], message_id
+
+
+def effects() -> Counter[str]:
+    """Order rows per note (the message id the handler wrote), across tenants."""
+    with observer() as conn:
+        return Counter(n for (n,) in conn.execute("SELECT note FROM testapp_order"))
+
+
+def orders_by_key() -> dict[str, list[int]]:
+    """Per sku, the quantities (sequence numbers) in the order they were inserted."""
+    with observer() as conn:
+        rows = conn.execute("SELECT sku, quantity FROM testapp_order ORDER BY id").fetchall()
+    result: dict[str, list[int]] = {}
+    for sku, seq in rows:
+        result.setdefault(sku, []).append(seq)
+    return result
+
+
+def wait_for(predicate: Callable[[], bool], what: str, patience: float = PATIENCE) -> None:
+    deadline = time.monotonic() + patience
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.05)
+
+
+def drain(consumer: Consumer, until: Callable[[], bool] = lambda: True) -> int:
+    """Run batches over every partition until ``until()`` holds and a round is idle."""
+    ensure_offsets(consumer)
+    handled = 0
+    deadline = time.monotonic() + PATIENCE
+    while True:
+        results = [run_batch(consumer, p) for p in range(consumer.partitions)]
+        handled += sum(r.handled for r in results)
+        busy = any(r.handled or r.failed or r.full for r in results)
+        if not busy and until():
+            return handled
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{consumer.name} did not catch up")
+        if not busy:
+            time.sleep(0.05)
+
+
+def offset(name: str, partition: int = 0) -> tuple[int, int, int]:
+    """(last_xid, last_id, attempts) of a reader, as the observer sees it."""
+    with observer() as conn:
+        row = conn.execute(
+            "SELECT last_xid::text::bigint, last_id, attempts FROM consumer_offsets"
+            " WHERE name = %s AND partition = %s",
+            [name, partition],
+        ).fetchone()
+    return row
+
+
+def message_position(message_id: uuid.UUID) -> tuple[int, int]:
+    with observer() as conn:
+        return conn.execute(
+            "SELECT xid::text::bigint, id FROM outbox_messages WHERE message_id = %s",
+            [message_id],
+        ).fetchone()
+
+
+class Process:
+    """A manage.py (or celery) subprocess, its output in a file."""
+
+    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+        self.log = log
+        self._file = open(log, "wb")  # noqa: SIM115
+        self.popen = subprocess.Popen(
+            args, cwd=ROOT, stdout=self._file, stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
+
+    @classmethod
+    def manage(cls, *args: str, log: Path, env: dict[str, str] | None = None) -> Process:
+        return cls([sys.executable, "manage.py", *args], log, env)
+
+    @property
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_output(self, text: str) -> None:
+        wait_for(lambda: text in self.output or self.popen.poll() is not None,
+                 f"{text!r} in {self.log.name}")
+        assert text in self.output, self.output[-3000:]
+
+    def signal(self, sig: int) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+
+    def stop(self, timeout: float = PATIENCE) -> int:
+        """SIGTERM, and the exit status."""
+        self.signal(signal.SIGTERM)
+        try:
+            return self.popen.wait(timeout)
+        finally:
+            self.kill()
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait()
+        self._file.close()
+
+
+def terminate_backends(application_name: str) -> int:
+    """Cut every session of one process, as a server restart would."""
+    with observer() as conn:
+        return len(conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE application_name = %s AND datname = current_database()",
+            [application_name],
+        ).fetchall())
