@@ -10,7 +10,7 @@ How one request goes (one statement each, inside ``tenant_context``)::
     lookup    SELECT the key row; if there is no live row, also try a
               transaction-level advisory lock on the key (never blocks)
     handler   runs inside a savepoint
-    store     INSERT the finished row (or replace an expired one)
+    store     INSERT the finished row (UPDATE, to take over an expired one)
     COMMIT
 
 - A live finished row is replayed (same fingerprint) or refused as a mismatch.
@@ -22,9 +22,9 @@ How one request goes (one statement each, inside ``tenant_context``)::
   answer is kept), and a 5xx or a status in ``UNSTORED_STATUS_CODES`` not at
   all (everything is rolled back; a retry runs again). An exception rolls
   everything back and propagates.
-- The unique primary key is the final arbiter: if the store finds a live row
-  that the lookup did not see, the whole transaction is rolled back and the
-  request is answered from that row.
+- The unique primary key is the final arbiter: if the store finds a row that
+  the lookup did not see, the whole transaction is rolled back and the request
+  is answered from that row.
 
 Every time comparison is made by the database clock (``now()``).
 """
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
-from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
 
 from idempotency.conf import as_timedelta, idempotency_settings
 from tenancy import tenant_context
@@ -171,24 +171,23 @@ SELECT CASE WHEN k.expires_at > now() THEN NULL ELSE pg_try_advisory_xact_lock(%
   LEFT JOIN idempotency_keys AS k ON k.tenant_id = %s AND k.scope = %s AND k.key = %s
 """
 
-_STORE = """
-INSERT INTO idempotency_keys AS k
-       (tenant_id, scope, key, request_hash, request_method, request_path, state,
-        status_code, response, response_headers, created_at, completed_at, expires_at)
+_COLUMNS = (
+    "request_hash, request_method, request_path, state, status_code, response, "
+    "response_headers, created_at, completed_at, expires_at"
+)
+
+# The usual case: no row for this key. A plain INSERT (no ON CONFLICT: it is
+# cheaper); the primary key still refuses a second row, see _LostRace.
+_INSERT = f"""
+INSERT INTO idempotency_keys (tenant_id, scope, key, {_COLUMNS})
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, now(), clock_timestamp(), now() + %s)
-ON CONFLICT (tenant_id, scope, key) DO UPDATE
-   SET request_hash = excluded.request_hash,
-       request_method = excluded.request_method,
-       request_path = excluded.request_path,
-       state = excluded.state,
-       status_code = excluded.status_code,
-       response = excluded.response,
-       response_headers = excluded.response_headers,
-       created_at = excluded.created_at,
-       completed_at = excluded.completed_at,
-       expires_at = excluded.expires_at
- WHERE k.expires_at <= now()
-RETURNING 1
+"""
+
+# Taking over an expired, unreaped row.
+_REPLACE_EXPIRED = f"""
+UPDATE idempotency_keys SET ({_COLUMNS}) =
+       (%s, %s, %s, %s, %s, %s, %s::jsonb, now(), clock_timestamp(), now() + %s)
+ WHERE tenant_id = %s AND scope = %s AND key = %s AND expires_at <= now()
 """
 
 
@@ -270,26 +269,42 @@ def _attempt(
             pass
         if verdict is Verdict.UNSTORED:
             return Result(Outcome.EXECUTED, value=value, verdict=verdict)
-        with connection.cursor() as cursor:
-            cursor.execute(
-                _STORE,
-                [
-                    request.tenant_id,
-                    request.scope,
-                    request.key,
-                    request.fingerprint,
-                    request.method[:10],
-                    request.path,
-                    verdict.value,
-                    response.status_code,
-                    response.body,
-                    json.dumps([list(h) for h in response.headers]),
-                    ttl,
-                ],
-            )
-            if cursor.fetchone() is None:
-                raise _LostRace
+        _store(connection, request, response, verdict, ttl, replace=live is False)
         return Result(Outcome.EXECUTED, value=value, stored=response, verdict=verdict)
+
+
+def _store(
+    connection: Any,
+    request: IdempotentRequest,
+    response: StoredResponse,
+    verdict: Verdict,
+    ttl: timedelta,
+    replace: bool,
+) -> None:
+    values = [
+        request.fingerprint,
+        request.method[:10],
+        request.path,
+        verdict.value,
+        response.status_code,
+        response.body,
+        json.dumps([list(h) for h in response.headers]),
+        ttl,
+    ]
+    where = [request.tenant_id, request.scope, request.key]
+    with connection.cursor() as cursor:
+        if replace:
+            cursor.execute(_REPLACE_EXPIRED, values + where)
+            if cursor.rowcount != 1:
+                raise _LostRace
+            return
+        try:
+            cursor.execute(_INSERT, where + values)
+        except IntegrityError as exc:
+            # Only the primary key can be violated here: another transaction
+            # stored this key after our lookup (possible under REPEATABLE READ,
+            # or in the instant between our snapshot and our lock).
+            raise _LostRace from exc
 
 
 def _answer_from_row(

@@ -13,5 +13,6 @@ urlpatterns = [
     path("orders-write/", views.OrderWriteView.as_view()),
     path("uploads/", views.UploadView.as_view()),
     path("plain-orders/", views.PlainOrderViewSet.as_view(create)),
+    path("tenant-orders/", views.TenantOrderViewSet.as_view(create)),
     path("django-orders/", views.plain_django_create),
 ]

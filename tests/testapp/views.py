@@ -11,7 +11,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from idempotency import IdempotentViewMixin, idempotent
-from tenancy import current_tenant_id
+from tenancy import current_tenant_id, tenant_context
+from tenancy.resolver import resolve_tenant
 from tests.testapp.models import Order, PlainOrder
 
 
@@ -49,8 +50,7 @@ class OrderSerializer(serializers.ModelSerializer):
         return order
 
 
-class OrderViewSet(IdempotentViewMixin, mixins.CreateModelMixin, viewsets.GenericViewSet):
-    idempotency_scope = "order.create"
+class OrderCreate(mixins.CreateModelMixin, viewsets.GenericViewSet):
     serializer_class = OrderSerializer
     parser_classes = [JSONParser, MultiPartParser]
 
@@ -65,6 +65,19 @@ class OrderViewSet(IdempotentViewMixin, mixins.CreateModelMixin, viewsets.Generi
         response["Location"] = f"/orders/{response.data['id']}/"
         response["X-Not-Replayed"] = "1"
         return response
+
+
+class OrderViewSet(IdempotentViewMixin, OrderCreate):
+    idempotency_scope = "order.create"
+
+
+class TenantOrderViewSet(OrderCreate):
+    """The same create without the mixin: the benchmark's baseline. A multi-tenant
+    endpoint runs under RLS too, so it sets the tenant for its transaction."""
+
+    def create(self, request, *args, **kwargs):
+        with tenant_context(resolve_tenant(request)):
+            return super().create(request, *args, **kwargs)
 
 
 class OrderWaitingViewSet(OrderViewSet):

@@ -1,0 +1,139 @@
+"""The state machine without DRF: races settled by the primary key."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from idempotency import core
+from tenancy import current_tenant_id
+from tests.helpers import as_tenant, connect, count_rows, observer
+from tests.testapp.models import Order
+
+
+def request(key="k", fingerprint="f" * 64):
+    return core.IdempotentRequest(
+        tenant_id=1, scope="core", key=key, fingerprint=fingerprint, method="POST", path="/x"
+    )
+
+
+def stored(status=201, body=b"{}"):
+    return core.StoredResponse(status, body, (("Content-Type", "application/json"),))
+
+
+def insert_row(cur, fingerprint="f" * 64, body=b"racer", expires="1 hour"):
+    cur.execute(
+        "INSERT INTO idempotency_keys (tenant_id, scope, key, request_hash, request_method,"
+        " request_path, state, status_code, response, response_headers, expires_at)"
+        " VALUES (1, 'core', 'k', %s, 'POST', '/x', 'completed', 201, %s,"
+        " '[[\"Content-Type\", \"application/json\"]]', now() + %s::interval)",
+        [fingerprint, body, expires],
+    )
+
+
+def test_a_key_stored_by_a_racer_after_our_lookup_wins_and_our_writes_roll_back():
+    calls = []
+
+    def handler():
+        calls.append(1)
+        Order.objects.create(tenant_id=current_tenant_id(), sku="ours")
+        # A racer commits the same key between our lookup and our store.
+        with connect() as other, as_tenant(other, 1) as cur:
+            insert_row(cur)
+        return stored(body=b"ours")
+
+    result = core.execute(request(), handler, lambda r: r)
+    assert result.outcome is core.Outcome.REPLAYED
+    assert result.stored is not None and result.stored.body == b"racer"
+    assert calls == [1]
+    assert count_rows("testapp_order") == 0
+    assert count_rows("idempotency_keys") == 1
+
+
+def test_an_expired_row_reaped_mid_flight_is_inserted_afresh():
+    with connect() as conn, as_tenant(conn, 1) as cur:
+        insert_row(cur, expires="-1 second")
+    calls = []
+
+    def handler():
+        calls.append(1)
+        Order.objects.create(tenant_id=current_tenant_id(), sku="x")
+        if len(calls) == 1:
+            with observer() as o:
+                o.execute("DELETE FROM idempotency_keys")  # the reaper got there first
+        return stored(body=b"new")
+
+    result = core.execute(request(), handler, lambda r: r)
+    assert result.outcome is core.Outcome.EXECUTED
+    assert calls == [1, 1]  # the first attempt was rolled back, the second stored
+    assert count_rows("testapp_order") == 1
+    with observer() as o:
+        assert o.execute("SELECT response FROM idempotency_keys").fetchone()[0] == b"new"
+
+
+def test_an_expired_row_is_taken_over_in_place():
+    with connect() as conn, as_tenant(conn, 1) as cur:
+        insert_row(cur, fingerprint="0" * 64, expires="-1 second")
+    result = core.execute(request(), lambda: stored(body=b"new"), lambda r: r)
+    assert result.outcome is core.Outcome.EXECUTED
+    with observer() as o:
+        row = o.execute("SELECT request_hash, response, expires_at > now() FROM idempotency_keys")
+        assert row.fetchone() == ("f" * 64, b"new", True)
+
+
+def test_in_progress_without_wait_and_replay_after_wait():
+    import threading
+    import time
+
+    release = threading.Event()
+
+    def slow():
+        release.wait(5)
+        return stored(body=b"first")
+
+    from django.db import connections
+
+    def first():
+        try:
+            core.execute(request(), slow, lambda r: r)
+        finally:
+            connections.close_all()
+
+    t = threading.Thread(target=first)
+    t.start()
+    time.sleep(0.3)
+    assert core.execute(request(), slow, lambda r: r, wait=0).outcome is core.Outcome.IN_PROGRESS
+    threading.Timer(0.3, release.set).start()
+    waited = core.execute(request(), slow, lambda r: r, wait=5)
+    t.join(5)
+    assert waited.outcome is core.Outcome.REPLAYED and waited.stored.body == b"first"
+
+
+@pytest.mark.parametrize(
+    "status, verdict",
+    [(200, "completed"), (201, "completed"), (302, "completed"), (400, "failed"),
+     (402, "failed"), (422, "failed"), (404, "unstored"), (409, "unstored"), (429, "unstored"),
+     (500, "unstored"), (503, "unstored")],
+)
+def test_which_answers_are_stored(status, verdict):
+    assert core.classify(status).value == verdict
+
+
+def test_the_lock_id_is_a_signed_64_bit_integer_per_tenant_scope_and_key():
+    ids = {
+        core.IdempotentRequest(t, s, k, "").lock_id
+        for t in (1, 2) for s in ("a", "b") for k in ("x", "y")
+    }
+    assert len(ids) == 8
+    assert all(-(2**63) <= i < 2**63 for i in ids)
+
+
+def test_ttl_must_be_positive():
+    from idempotency.conf import as_timedelta
+
+    assert as_timedelta(5, "TTL") == timedelta(seconds=5)
+    with pytest.raises(ValueError):
+        as_timedelta(0, "TTL")
+    with pytest.raises(TypeError):
+        as_timedelta("1h", "TTL")
