@@ -5,6 +5,6 @@ from tests.outbox import consumers
 
 @pytest.fixture(autouse=True)
 def _fresh_failures():
-    consumers.FAILURES.clear()
+    consumers.FAILING.clear()
     yield
-    consumers.FAILURES.clear()
+    consumers.FAILING.clear()

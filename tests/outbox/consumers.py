@@ -15,8 +15,8 @@ from outbox import Consumer, Message
 from tenancy import current_tenant_id
 from tests.testapp.models import Order
 
-#: sku -> how many more times the handler raises for it (in this process).
-FAILURES: dict[str, int] = {}
+#: skus whose messages make the handler raise (in this process), until removed.
+FAILING: set[str] = set()
 
 
 class Boom(Exception):
@@ -33,7 +33,7 @@ def record(message: Message) -> Order:
 
 
 class OrderRecorder(Consumer):
-    """Records order.placed; raises for poison messages and FAILURES."""
+    """Records order.placed; raises for poison messages and skus in FAILING."""
 
     name = "orders"
     topics = ["order.placed"]
@@ -44,8 +44,7 @@ class OrderRecorder(Consumer):
         sku = message.payload.get("sku", "")
         if message.payload.get("poison"):
             raise Boom(f"poison message {sku}")
-        if FAILURES.get(sku, 0) > 0:
-            FAILURES[sku] -= 1
+        if sku in FAILING:
             raise Boom(f"transient failure on {sku}")
 
 

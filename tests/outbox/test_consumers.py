@@ -1,0 +1,202 @@
+"""Consumers: one transaction per batch, failures retried then parked, partitions."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from outbox.consumers import ConsumerConfigError, ensure_offsets, run_batch, select_consumers
+from outbox.deadletters import list_parked, redrive
+from outbox.models import DeadLetter
+from tenancy import tenant_context
+from tests.helpers import connect, count_rows, observer
+from tests.outbox.consumers import FAILING, OrderRecorder, PartitionedRecorder
+from tests.outbox.helpers import (
+    drain, effects, message_position, offset, publish_as, publish_many, wait_for,
+)
+
+A, B = 1, 2
+
+
+def placed(*skus: str, tenant: int = A, **extra) -> list:
+    return publish_many(tenant, "order.placed", [{"sku": s, **extra} for s in skus])
+
+
+def test_handler_writes_and_offset_commit_together():
+    ids = placed("a", "b", "c")
+    consumer = OrderRecorder()
+    drain(consumer, until=lambda: len(effects()) == 3)
+    assert effects() == {str(i): 1 for i in ids}
+    assert offset("orders")[:2] >= message_position(ids[-1])
+    drain(consumer)  # nothing handled twice
+    assert effects() == {str(i): 1 for i in ids}
+
+
+def test_handler_runs_as_the_messages_tenant():
+    a = placed("a", tenant=A)[0]
+    b = placed("b", tenant=B)[0]
+    drain(OrderRecorder(), until=lambda: len(effects()) == 2)
+    with observer() as conn:
+        rows = dict(conn.execute("SELECT note, tenant_id FROM testapp_order").fetchall())
+    assert rows == {str(a): A, str(b): B}
+
+
+def test_a_handler_that_raises_mid_batch_keeps_the_offset_at_the_last_good_message():
+    FAILING.add("c")  # c fails until the test says otherwise
+    ids = placed("a", "b", "c", "d")
+    consumer = OrderRecorder()
+    ensure_offsets(consumer)
+    wait_for(lambda: run_batch(consumer).failed, "the first batch")
+    # a and b committed; c's write was rolled back; d not handled yet
+    assert effects() == {str(ids[0]): 1, str(ids[1]): 1}
+    xid, last_id, attempts = offset("orders")
+    assert (xid, last_id) == message_position(ids[1])
+    assert attempts == 1
+    FAILING.discard("c")
+    drain(consumer, until=lambda: len(effects()) == 4)  # the retry succeeds and goes on
+    assert effects() == {str(i): 1 for i in ids}
+    assert offset("orders")[2] == 0
+
+
+def test_a_failing_head_message_waits_for_its_backoff(settings):
+    settings.OUTBOX = {**settings.OUTBOX, "RETRY_BACKOFF": 3600}
+    FAILING.add("a")
+    placed("a")
+    consumer = OrderRecorder()
+    ensure_offsets(consumer)
+    wait_for(lambda: run_batch(consumer).failed, "the failure")
+    assert run_batch(consumer).waiting
+    assert effects() == {}
+
+
+def test_a_poison_message_is_parked_after_the_retry_limit_and_later_messages_flow(settings):
+    settings.OUTBOX = {**settings.OUTBOX, "MAX_ATTEMPTS": 3}
+    before = placed("a")
+    poison = placed("poison", poison=True)
+    after = placed("b", "c")
+    consumer = OrderRecorder()
+    drain(consumer, until=lambda: len(effects()) == 3)
+    assert effects() == {str(i): 1 for i in before + after}  # the poison's writes rolled back
+    parked = list_parked()
+    assert [(p.consumer, p.message_id, p.attempts) for p in parked] == [
+        ("orders", str(poison[0]), 3)
+    ]
+    assert "poison message" in parked[0].error
+    with tenant_context(A):
+        row = DeadLetter.objects.get()
+    assert row.payload == {"sku": "poison", "poison": True}
+
+
+def test_parked_messages_are_invisible_to_other_tenants(settings):
+    settings.OUTBOX = {**settings.OUTBOX, "MAX_ATTEMPTS": 1}
+    placed("poison", poison=True, tenant=A)
+    drain(OrderRecorder(), until=lambda: count_rows("outbox_dead_letters") == 1)
+    with tenant_context(B):
+        assert DeadLetter.objects.count() == 0
+    with connect() as conn:
+        assert conn.execute("SELECT count(*) FROM outbox_dead_letters").fetchone()[0] == 0
+
+
+def test_redriving_a_parked_message_handles_it_once_and_removes_it(settings):
+    settings.OUTBOX = {**settings.OUTBOX, "MAX_ATTEMPTS": 1}
+    FAILING.add("flaky")
+    ids = placed("flaky")
+    drain(OrderRecorder(), until=lambda: count_rows("outbox_dead_letters") == 1)
+    assert effects() == {}
+    FAILING.discard("flaky")  # fixed
+    result = redrive("orders")
+    assert (result.handled, result.failed) == (1, 0)
+    assert effects() == {str(ids[0]): 1}
+    assert count_rows("outbox_dead_letters") == 0
+    assert redrive("orders").handled == 0
+
+
+def test_redriving_a_message_that_fails_again_keeps_it_parked(settings):
+    settings.OUTBOX = {**settings.OUTBOX, "MAX_ATTEMPTS": 1}
+    placed("poison", poison=True)
+    drain(OrderRecorder(), until=lambda: count_rows("outbox_dead_letters") == 1)
+    result = redrive()
+    assert (result.handled, result.failed) == (0, 1)
+    assert list_parked()[0].attempts == 2
+    assert effects() == {}
+
+
+def test_parked_command_lists_and_redrives(settings, capsys):
+    settings.OUTBOX = {**settings.OUTBOX, "MAX_ATTEMPTS": 1}
+    FAILING.add("flaky")
+    placed("flaky")
+    drain(OrderRecorder(), until=lambda: count_rows("outbox_dead_letters") == 1)
+    FAILING.discard("flaky")
+    call_command("outbox_parked")
+    out = capsys.readouterr().out
+    assert "orders  order.placed" in out and "1 parked message(s)" in out
+    row = out.split()[0]
+    call_command("outbox_parked", row, "--redrive")
+    assert "1 handled" in capsys.readouterr().out
+    with pytest.raises(CommandError, match="TENANT/ID"):
+        call_command("outbox_parked", "nonsense", "--redrive")
+
+
+def test_a_partition_held_by_another_worker_is_skipped():
+    placed("a")
+    consumer = OrderRecorder()
+    ensure_offsets(consumer)
+    with connect() as other, other.transaction():
+        other.execute("SELECT 1 FROM consumer_offsets WHERE name = 'orders' FOR UPDATE")
+        assert run_batch(consumer).locked
+    assert effects() == {}
+
+
+def test_partitions_keep_per_key_order_and_cover_every_message():
+    keys = [f"k{i}" for i in range(6)]
+    payloads = [{"sku": k, "seq": n} for n in range(5) for k in keys]
+    ids = publish_many(A, "order.sequenced", payloads, key=lambda p: p["sku"])
+    consumer = PartitionedRecorder()
+    drain(consumer, until=lambda: len(effects()) == len(ids))
+    assert effects() == {str(i): 1 for i in ids}
+    from tests.outbox.helpers import orders_by_key
+
+    assert orders_by_key() == {k: [0, 1, 2, 3, 4] for k in keys}
+    with observer() as conn:
+        used = conn.execute(
+            "SELECT count(*) FROM consumer_offsets WHERE name = 'orders-partitioned'"
+            " AND last_id > 0"
+        ).fetchone()[0]
+    assert used > 1  # the keys spread over several partitions
+
+
+def test_changing_the_partition_count_is_refused():
+    consumer = PartitionedRecorder()
+    ensure_offsets(consumer)
+
+    class Fewer(PartitionedRecorder):
+        partitions = 2
+
+    with pytest.raises(ConsumerConfigError, match="partition"):
+        ensure_offsets(Fewer())
+
+
+def test_a_consumer_of_a_rare_topic_still_moves_past_other_messages():
+    publish_many(A, "something.else", [{"n": n} for n in range(5)])
+    consumer = OrderRecorder()
+    ensure_offsets(consumer)
+    last = message_position(publish_as(A, "something.else", {}))
+    wait_for(lambda: run_batch(consumer) is not None and offset("orders")[:2] > last,
+             "the offset to pass the unrelated messages")
+    assert effects() == {}
+
+
+def test_unknown_consumer_names_are_refused():
+    with pytest.raises(ConsumerConfigError, match="unknown consumer"):
+        select_consumers(["nope"])
+    with pytest.raises(CommandError, match="unknown consumer"):
+        call_command("run_consumers", "nope", "--once")
+
+
+def test_run_consumers_once_drains_and_reports(capsys):
+    ids = placed("a", "b")
+    wait_for(lambda: call_command("run_consumers", "orders", "--once") is None
+             and len(effects()) == 2, "both handled")
+    assert effects() == {str(i): 1 for i in ids}
+    assert "message(s) handled" in capsys.readouterr().out
