@@ -1,0 +1,208 @@
+"""The library's processes under crashes, restarts of the database, and SIGTERM.
+
+Each test runs the real commands (manage.py run_consumers / relay_outbox, a
+celery worker) as subprocesses against the test database and Redis.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import sys
+import uuid
+
+import pytest
+import redis
+from django.conf import settings as django_settings
+
+from tests.helpers import count_rows
+from tests.outbox.consumers import SlowRecorder
+from tests.outbox.helpers import (
+    Process, drain, effects, offset, orders_by_key, publish_many, terminate_backends, wait_for,
+)
+
+A, B = 1, 2
+SUBPROCESS_SETTINGS = {"DJANGO_SETTINGS_MODULE": "tests.outbox.settings"}
+
+
+@pytest.fixture
+def queue(settings):
+    """A Redis queue of this test's own, used by the relay and the worker."""
+    name = f"dio-outbox-test-{uuid.uuid4().hex[:8]}"
+    settings.OUTBOX = {**settings.OUTBOX, "CELERY_QUEUE": name}
+    client = redis.Redis.from_url(django_settings.CELERY_BROKER_URL)
+    yield name
+    client.delete(name)
+    client.close()
+
+
+def queue_length(name: str) -> int:
+    client = redis.Redis.from_url(django_settings.CELERY_BROKER_URL)
+    try:
+        return int(client.llen(name))
+    finally:
+        client.close()
+
+
+def worker(queue: str, tmp_path) -> Process:
+    proc = Process(
+        [sys.executable, "-m", "celery", "-A", "tests.outbox.celery_app", "worker",
+         "-P", "solo", "-Q", queue, "--without-mingle", "--without-gossip",
+         "--without-heartbeat", "-l", "info", "-n", f"{queue}@%h"],
+        tmp_path / "worker.log",
+        env={**SUBPROCESS_SETTINGS, "DIO_CELERY_QUEUE": queue},
+    )
+    proc.wait_output("ready.")
+    return proc
+
+
+def handled_count(output: str) -> int:
+    found = re.findall(r"(\d+) message\(s\) handled", output)
+    assert found, output[-2000:]
+    return int(found[-1])
+
+
+def test_a_consumer_killed_mid_batch_leaves_every_effect_exactly_once(tmp_path):
+    marker = tmp_path / "hanging"
+    skus = [f"s{i}" for i in range(30)]
+    ids = publish_many(A, "order.slow", [{"sku": s} for s in skus])
+    proc = Process.manage(
+        "run_consumers", "orders-slow", log=tmp_path / "consumer.log",
+        env={**SUBPROCESS_SETTINGS, "DIO_HANG_ON": "s25", "DIO_HANG_MARKER": str(marker)},
+    )
+    try:
+        wait_for(marker.exists, "the consumer to hang inside its third batch")
+        # batches of 10: s0-s19 committed; s20-s25 written in the open batch
+        assert sorted(effects().values()) == [1] * 20
+        proc.signal(signal.SIGKILL)
+        assert proc.popen.wait(60) == -signal.SIGKILL
+    finally:
+        proc.kill()
+    drain(SlowRecorder(), until=lambda: len(effects()) == 30)
+    assert effects() == {str(i): 1 for i in ids}
+
+
+def test_two_consumer_processes_share_partitions_once_each_in_key_order(tmp_path):
+    env = {**SUBPROCESS_SETTINGS, "DIO_HANDLER_DELAY": "0.005"}
+    procs = [
+        Process.manage("run_consumers", "orders-partitioned", log=tmp_path / f"c{i}.log", env=env)
+        for i in range(2)
+    ]
+    try:
+        for proc in procs:
+            proc.wait_output("running")
+        keys = [f"key{k}" for k in range(8)]
+        ids = []
+        for seq in range(25):  # one transaction per round, as a stream of updates
+            ids += publish_many(B, "order.sequenced", [{"sku": k, "seq": seq} for k in keys],
+                                key=lambda p: p["sku"])
+        wait_for(lambda: len(effects()) == len(ids), "every message handled")
+        codes = [proc.stop() for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    assert codes == [0, 0]
+    assert effects() == {str(i): 1 for i in ids}
+    assert orders_by_key() == {k: list(range(25)) for k in keys}
+    counts = [handled_count(proc.output) for proc in procs]
+    assert sum(counts) == len(ids)
+    assert all(counts), counts  # both processes did share the work
+
+
+def test_the_consumer_loop_survives_losing_the_database_and_stops_on_sigterm(tmp_path):
+    app_name = f"dio-loop-{uuid.uuid4().hex[:6]}"
+    proc = Process.manage(
+        "run_consumers", "orders", log=tmp_path / "consumer.log",
+        env={**SUBPROCESS_SETTINGS, "PGAPPNAME": app_name},
+    )
+    try:
+        proc.wait_output("running")
+        ids = []
+        for round_ in range(3):
+            ids += publish_many(A, "order.placed", [{"sku": f"r{round_}"}])
+            wait_for(lambda: len(effects()) == len(ids), f"round {round_} handled")
+            wait_for(lambda: terminate_backends(app_name) > 0, "the loop's sessions to cut")
+        ids += publish_many(A, "order.placed", [{"sku": "after"}])
+        wait_for(lambda: len(effects()) == len(ids), "the last message handled")
+        code = proc.stop()
+    finally:
+        proc.kill()
+    assert code == 0, proc.output[-3000:]
+    assert "lost the database" in proc.output
+    assert effects() == {str(i): 1 for i in ids}
+    assert handled_count(proc.output) == len(ids)
+
+
+def test_the_relay_loop_survives_losing_the_database_and_stops_on_sigterm(tmp_path, queue):
+    app_name = f"dio-relay-{uuid.uuid4().hex[:6]}"
+    proc = Process.manage(
+        "relay_outbox", log=tmp_path / "relay.log",
+        env={**SUBPROCESS_SETTINGS, "PGAPPNAME": app_name, "DIO_CELERY_QUEUE": queue},
+    )
+    try:
+        proc.wait_output("running")
+        sent = 0
+        for round_ in range(3):
+            publish_many(A, "order.placed", [{"sku": f"r{round_}"}])
+            sent += 1
+            wait_for(lambda: queue_length(queue) == sent, f"round {round_} relayed")
+            wait_for(lambda: terminate_backends(app_name) > 0, "the relay's sessions to cut")
+        publish_many(A, "order.placed", [{"sku": "after"}])
+        wait_for(lambda: queue_length(queue) == sent + 1, "the last message relayed")
+        code = proc.stop()
+    finally:
+        proc.kill()
+    assert code == 0, proc.output[-3000:]
+    assert "lost the database" in proc.output
+    assert queue_length(queue) == 4  # each once: no batch re-sent after a reconnect
+
+
+def test_a_relay_killed_between_publish_and_offset_advance_resends_and_the_receiver_deduplicates(
+    tmp_path, queue
+):
+    ids = publish_many(A, "order.placed", [{"sku": f"k{i}"} for i in range(5)])
+    env = {**SUBPROCESS_SETTINGS, "DIO_CELERY_QUEUE": queue, "DIO_RELAY_LEASE": "1"}
+    dying = Process.manage(
+        "relay_outbox", "--once", "--transport", "tests.outbox.transports.DieAfterSend",
+        log=tmp_path / "dying.log", env=env,
+    )
+    assert dying.popen.wait(120) == -signal.SIGKILL
+    dying.kill()
+    assert queue_length(queue) == 5  # published...
+    assert offset("relay:default")[:2] == (0, 0)  # ...but the offset never moved
+    # A new relay takes over once the dead one's lease has run out.
+    again = Process.manage("relay_outbox", log=tmp_path / "relay.log", env=env)
+    try:
+        wait_for(lambda: queue_length(queue) == 10, "the batch published a second time")
+        wait_for(lambda: offset("relay:default")[1] > 0, "the new relay's offset to advance")
+        assert again.stop() == 0
+    finally:
+        again.kill()
+    proc = worker(queue, tmp_path)
+    try:
+        wait_for(lambda: queue_length(queue) == 0 and count_rows("outbox_received") == 5,
+                 "the worker to drain the queue")
+        wait_for(lambda: "succeeded" in proc.output and proc.output.count("succeeded") >= 10,
+                 "every delivery to finish")
+    finally:
+        proc.stop()
+    assert effects() == {str(i): 1 for i in ids}  # ten deliveries, five effects
+
+
+def test_end_to_end_through_redis_and_a_celery_worker(tmp_path, queue):
+    from outbox.relay import Relay
+
+    proc = worker(queue, tmp_path)
+    try:
+        ids = publish_many(A, "order.placed", [{"sku": f"a{i}"} for i in range(20)])
+        ids += publish_many(B, "order.placed", [{"sku": f"b{i}"} for i in range(20)])
+        relay = Relay()
+        wait_for(lambda: relay.drain() >= 0 and len(effects()) == 40, "the worker's effects")
+    finally:
+        assert proc.stop() == 0
+    assert effects() == {str(i): 1 for i in ids}
+    from tests.helpers import observer
+
+    with observer() as conn:
+        rows = conn.execute("SELECT tenant_id, count(*) FROM testapp_order GROUP BY 1").fetchall()
+    assert sorted(rows) == [(A, 20), (B, 20)]

@@ -1,0 +1,19 @@
+"""Transports for crash tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Sequence
+
+from outbox.stream import Message
+from outbox.transports import CeleryTransport
+
+
+class DieAfterSend(CeleryTransport):
+    """Publishes the batch to the real broker, then the process dies (SIGKILL)
+    before the relay can advance its offset."""
+
+    def send(self, messages: Sequence[Message]) -> None:
+        super().send(messages)
+        os.kill(os.getpid(), signal.SIGKILL)
