@@ -37,7 +37,9 @@ wrk.headers["Content-Type"] = "application/json"
 wrk.headers["X-User"] = "alice"
 """
 
-LUA_FIRST = LUA_COMMON + """
+LUA_FIRST = (
+    LUA_COMMON
+    + """
 local threads = 0
 function setup(thread)
   threads = threads + 1
@@ -54,10 +56,14 @@ function request()
   return wrk.format()
 end
 """
+)
 
-LUA_REPLAY = LUA_COMMON + """
+LUA_REPLAY = (
+    LUA_COMMON
+    + """
 wrk.headers["Idempotency-Key"] = "replayed-key"
 """
+)
 
 LUA_CHECK = """
 function done(summary, latency, requests)
@@ -93,11 +99,23 @@ def setup_database() -> None:
 def start_server(port: int, workers: int) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
         [
-            sys.executable, "-m", "gunicorn", "tests.wsgi:application",
-            "--bind", f"127.0.0.1:{port}", "--workers", str(workers),
-            "--worker-class", "sync", "--log-level", "warning", "--timeout", "60",
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "tests.wsgi:application",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            str(workers),
+            "--worker-class",
+            "sync",
+            "--log-level",
+            "warning",
+            "--timeout",
+            "60",
         ],
-        cwd=ROOT, env={**os.environ},
+        cwd=ROOT,
+        env={**os.environ},
     )
     import requests
 
@@ -116,9 +134,23 @@ def run_wrk(wrk: str, url: str, script: str, seconds: int, connections: int, arg
         f.write(script + LUA_CHECK)
     try:
         out = subprocess.run(
-            [wrk, "-t", "2", "-c", str(connections), "-d", f"{seconds}s", "-s", f.name, url,
-             "--", arg],
-            check=True, capture_output=True, text=True,
+            [
+                wrk,
+                "-t",
+                "2",
+                "-c",
+                str(connections),
+                "-d",
+                f"{seconds}s",
+                "-s",
+                f.name,
+                url,
+                "--",
+                arg,
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
         ).stdout
     finally:
         os.unlink(f.name)
@@ -150,9 +182,13 @@ def main() -> None:
         import requests
 
         first = requests.post(
-            base + "/orders/", data=BODY,
-            headers={"Content-Type": "application/json", "X-User": "alice",
-                     "Idempotency-Key": "replayed-key"},
+            base + "/orders/",
+            data=BODY,
+            headers={
+                "Content-Type": "application/json",
+                "X-User": "alice",
+                "Idempotency-Key": "replayed-key",
+            },
         )
         assert first.status_code == 201, first.text
         # Warm up every worker and the database caches.
@@ -162,14 +198,21 @@ def main() -> None:
         results: dict[str, list[float]] = {"plain": [], "first": [], "replay": []}
         for r in range(args.rounds):
             results["plain"].append(
-                run_wrk(wrk, base + "/tenant-orders/", LUA_COMMON, args.seconds,
-                        args.connections, f"r{r}"))
+                run_wrk(
+                    wrk,
+                    base + "/tenant-orders/",
+                    LUA_COMMON,
+                    args.seconds,
+                    args.connections,
+                    f"r{r}",
+                )
+            )
             results["first"].append(
-                run_wrk(wrk, base + "/orders/", LUA_FIRST, args.seconds, args.connections,
-                        f"r{r}"))
+                run_wrk(wrk, base + "/orders/", LUA_FIRST, args.seconds, args.connections, f"r{r}")
+            )
             results["replay"].append(
-                run_wrk(wrk, base + "/orders/", LUA_REPLAY, args.seconds, args.connections,
-                        f"r{r}"))
+                run_wrk(wrk, base + "/orders/", LUA_REPLAY, args.seconds, args.connections, f"r{r}")
+            )
             print(
                 f"round {r + 1}/{args.rounds}: "
                 + ", ".join(f"{k} {v[-1]:.0f}/s" for k, v in results.items()),
@@ -181,8 +224,10 @@ def main() -> None:
 
     med = {k: statistics.median(v) for k, v in results.items()}
     print()
-    print(f"gunicorn {args.workers} sync workers, wrk {args.connections} connections, "
-          f"{args.rounds} rounds x {args.seconds} s, median requests/s")
+    print(
+        f"gunicorn {args.workers} sync workers, wrk {args.connections} connections, "
+        f"{args.rounds} rounds x {args.seconds} s, median requests/s"
+    )
     print(f"  plain create (no mixin)      {med['plain']:8.0f}")
     print(f"  idempotent, first request    {med['first']:8.0f}")
     print(f"  idempotent, replay           {med['replay']:8.0f}")

@@ -222,7 +222,7 @@ def execute(
         A :class:`Result`; ``value`` is the handler's return value when it ran.
     """
     alias = using or DEFAULT_DB_ALIAS
-    ttl = request.ttl or as_timedelta(idempotency_settings.TTL, "IDEMPOTENCY[\"TTL\"]")
+    ttl = request.ttl or as_timedelta(idempotency_settings.TTL, 'IDEMPOTENCY["TTL"]')
     wait = idempotency_settings.IN_PROGRESS_WAIT if wait is None else wait
     deadline = time.monotonic() + wait
     pause = 0.01

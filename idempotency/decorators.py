@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
+from django.template.response import SimpleTemplateResponse
 
 from idempotency import core
 from idempotency.conf import as_timedelta, idempotency_settings
@@ -82,7 +83,9 @@ def idempotent(
                 tenant_id=tenant_id,
                 scope=scope,
                 key=key,
-                fingerprint=fingerprint(method, path, principal_of(getattr(request, "user", None)), body),
+                fingerprint=fingerprint(
+                    method, path, principal_of(getattr(request, "user", None)), body
+                ),
                 method=method,
                 path=request.path,
                 ttl=ttl_delta,
@@ -90,7 +93,7 @@ def idempotent(
 
             def run() -> HttpResponse:
                 response = view(request, *args, **kwargs)
-                if hasattr(response, "render") and not response.is_rendered:
+                if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
                     response.render()
                 return response
 

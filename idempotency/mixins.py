@@ -59,7 +59,7 @@ class IdempotentViewMixin:
         super().initial(request, *args, **kwargs)  # type: ignore[misc]
         if request.method in SAFE_METHODS:
             return
-        name = request.method.lower()
+        name = str(request.method).lower()
         handler = getattr(self, name, None)
         if handler is None:
             return  # DRF answers 405 as usual
@@ -87,7 +87,7 @@ class IdempotentViewMixin:
             scope=self.get_idempotency_scope(),
             key=key,
             fingerprint=self.get_idempotency_fingerprint(),
-            method=request.method,
+            method=str(request.method),
             path=request.path,
             ttl=None if ttl is None else as_timedelta(ttl, "idempotency_ttl"),
         )
@@ -124,7 +124,7 @@ class IdempotentViewMixin:
         if self.idempotency_scope:
             return self.idempotency_scope
         cls = type(self)
-        action = getattr(self, "action", None) or self.request.method.lower()
+        action = getattr(self, "action", None) or str(self.request.method).lower()
         return f"{cls.__module__}.{cls.__qualname__}.{action}"
 
     def get_idempotency_tenant(self) -> int | None:
@@ -143,7 +143,9 @@ class IdempotentViewMixin:
         """
         request = self.request
         path = canonical_path(request.path, request.META.get("QUERY_STRING", ""))
-        return fingerprint(request.method, path, self.get_idempotency_principal(), request.data)
+        return fingerprint(
+            str(request.method), path, self.get_idempotency_principal(), request.data
+        )
 
     def perform_replay(self, stored: core.StoredResponse) -> HttpResponse:
         """Build the replayed answer; override to add headers or count replays."""

@@ -45,7 +45,9 @@ DELETE FROM idempotency_keys
         FOR UPDATE SKIP LOCKED))
 """
 
-_COUNT_EXPIRED = "SELECT count(*) FROM idempotency_keys WHERE tenant_id = %s AND expires_at <= now()"
+_COUNT_EXPIRED = (
+    "SELECT count(*) FROM idempotency_keys WHERE tenant_id = %s AND expires_at <= now()"
+)
 
 _STUCK = """
 SELECT tenant_id, scope, key, created_at, count(*) OVER ()
@@ -81,9 +83,7 @@ class ReapReport:
 
     def as_dict(self) -> dict[str, object]:
         data = asdict(self)
-        data["stuck"] = [
-            {**asdict(s), "created_at": s.created_at.isoformat()} for s in self.stuck
-        ]
+        data["stuck"] = [{**asdict(s), "created_at": s.created_at.isoformat()} for s in self.stuck]
         return data
 
 
@@ -198,9 +198,7 @@ def _reap_tenant(
 def _find_stuck(alias: str, report: ReapReport, sample: int) -> None:
     after = as_timedelta(idempotency_settings.STUCK_AFTER, 'IDEMPOTENCY["STUCK_AFTER"]')
     with connections[alias].cursor() as cursor:
-        cursor.execute(_STUCK, [after, sample])
+        cursor.execute(_STUCK, [after, sample])  # type: ignore[list-item]
         rows = cursor.fetchall()
     report.stuck = [StuckKey(*row[:4]) for row in rows]
     report.stuck_count = rows[0][4] if rows else 0
-
-

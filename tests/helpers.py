@@ -40,7 +40,9 @@ def connect(alias: str = "default", **kwargs) -> psycopg.Connection:
 
 
 @contextlib.contextmanager
-def two_connections(alias: str = "default") -> Iterator[tuple[psycopg.Connection, psycopg.Connection]]:
+def two_connections(
+    alias: str = "default",
+) -> Iterator[tuple[psycopg.Connection, psycopg.Connection]]:
     """Two independent sessions, as two web workers would have."""
     with connect(alias) as first, connect(alias) as second:
         yield first, second

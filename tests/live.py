@@ -28,11 +28,24 @@ class LiveServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = [
-            sys.executable, "-m", "gunicorn", "tests.wsgi:application",
-            "--bind", f"127.0.0.1:{self.port}",
-            "--workers", str(workers), "--threads", str(threads),
-            "--worker-class", "gthread", "--timeout", str(timeout),
-            "--graceful-timeout", "5", "--log-level", "warning",
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "tests.wsgi:application",
+            "--bind",
+            f"127.0.0.1:{self.port}",
+            "--workers",
+            str(workers),
+            "--threads",
+            str(threads),
+            "--worker-class",
+            "gthread",
+            "--timeout",
+            str(timeout),
+            "--graceful-timeout",
+            "5",
+            "--log-level",
+            "warning",
         ]
         self.proc: subprocess.Popen[bytes] | None = None
 

@@ -25,7 +25,9 @@ def fire(url: str, keys: list[str], body: dict, timeout: float = 30) -> list[req
         with requests.Session() as session:
             barrier.wait()
             return session.post(
-                url, json=body, timeout=timeout,
+                url,
+                json=body,
+                timeout=timeout,
                 headers={"X-User": "alice", "Idempotency-Key": key},
             )
 
@@ -108,7 +110,9 @@ def test_a_worker_killed_mid_request_leaves_nothing_and_the_retry_runs_once():
         deadline = time.monotonic() + 20
         while True:
             try:
-                retry = requests.post(url, json={"sku": "tea", "sleep": 3}, headers=headers, timeout=10)
+                retry = requests.post(
+                    url, json={"sku": "tea", "sleep": 3}, headers=headers, timeout=10
+                )
                 break
             except requests.ConnectionError:
                 assert time.monotonic() < deadline

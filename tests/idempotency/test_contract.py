@@ -52,7 +52,16 @@ def test_a_missing_key_is_allowed_where_the_view_says_so(client):
 @pytest.mark.parametrize(
     "header",
     ["", '""', "x" * 256, '"' + "x" * 256 + '"', "caf\u00e9", '"unterminated', '"a"b"', '"bad\\n"'],
-    ids=["empty", "empty-sf", "256", "256-sf", "non-ascii", "unterminated", "stray-quote", "escape"],
+    ids=[
+        "empty",
+        "empty-sf",
+        "256",
+        "256-sf",
+        "non-ascii",
+        "unterminated",
+        "stray-quote",
+        "escape",
+    ],
 )
 def test_invalid_keys_are_400(client, header):
     response = client.order(key=header)
@@ -167,11 +176,15 @@ def test_same_key_different_method_is_422(client):
 
 def test_key_order_and_whitespace_in_json_do_not_matter(client):
     client.post(
-        "/orders/", data='{"sku": "tea",   "quantity": 1}', content_type="application/json",
+        "/orders/",
+        data='{"sku": "tea",   "quantity": 1}',
+        content_type="application/json",
         headers={"X-User": "alice", "Idempotency-Key": "k1"},
     )
     again = client.post(
-        "/orders/", data='{"quantity":1,"sku":"tea"}', content_type="application/json",
+        "/orders/",
+        data='{"quantity":1,"sku":"tea"}',
+        content_type="application/json",
         headers={"X-User": "alice", "Idempotency-Key": "k1"},
     )
     assert again["Idempotent-Replayed"] == "true"
@@ -182,7 +195,9 @@ def test_key_order_and_whitespace_in_json_do_not_matter(client):
 
 def test_a_malformed_json_body_is_400_and_not_recorded(client):
     response = client.post(
-        "/orders/", data='{"sku": ', content_type="application/json",
+        "/orders/",
+        data='{"sku": ',
+        content_type="application/json",
         headers={"X-User": "alice", "Idempotency-Key": "k1"},
     )
     assert response.status_code == 400
@@ -246,7 +261,9 @@ def test_a_validation_error_is_a_final_4xx(client):
     response = client.order(key="k1", data={"sku": "tea", "quantity": 0})
     assert response.status_code == 400
     assert stored_keys() == [(1, "order.create", "k1", "failed", 400)]
-    assert client.order(key="k1", data={"sku": "tea", "quantity": 0})["Idempotent-Replayed"] == "true"
+    assert (
+        client.order(key="k1", data={"sku": "tea", "quantity": 0})["Idempotent-Replayed"] == "true"
+    )
 
 
 @pytest.mark.parametrize("status", [401, 403, 404, 408, 409, 425, 429])
@@ -309,3 +326,30 @@ def test_status_codes_are_settings(client, settings):
     assert client.order(key=None).status_code == 428
     client.order(key="k1")
     assert client.order(key="k1", data={"sku": "other"}).status_code == 409
+
+
+# --- ATOMIC_REQUESTS ----------------------------------------------------------------
+
+
+@pytest.fixture
+def atomic_requests():
+    from django.db import connection
+
+    connection.settings_dict["ATOMIC_REQUESTS"] = True
+    yield
+    connection.settings_dict["ATOMIC_REQUESTS"] = False
+
+
+def test_under_atomic_requests_the_contract_holds(client, atomic_requests):
+    client.raise_request_exception = False
+    assert client.order(key="k1").status_code == 201
+    assert client.order(key="k1")["Idempotent-Replayed"] == "true"
+    assert client.order(key="k2", data={"sku": "t", "then": "raise"}).status_code == 500
+    declined = client.order(key="k3", data={"sku": "t", "quantity": 1, "then": "decline"})
+    assert declined.status_code == 402
+    assert (
+        client.order(key="k3", data={"sku": "t", "quantity": 1, "then": "decline"}).content
+        == declined.content
+    )
+    assert orders() == 1
+    assert [(row[2], row[3]) for row in stored_keys()] == [("k1", "completed"), ("k3", "failed")]

@@ -27,7 +27,7 @@ def insert_row(cur, fingerprint="f" * 64, body=b"racer", expires="1 hour"):
         "INSERT INTO idempotency_keys (tenant_id, scope, key, request_hash, request_method,"
         " request_path, state, status_code, response, response_headers, expires_at)"
         " VALUES (1, 'core', 'k', %s, 'POST', '/x', 'completed', 201, %s,"
-        " '[[\"Content-Type\", \"application/json\"]]', now() + %s::interval)",
+        ' \'[["Content-Type", "application/json"]]\', now() + %s::interval)',
         [fingerprint, body, expires],
     )
 
@@ -112,9 +112,19 @@ def test_in_progress_without_wait_and_replay_after_wait():
 
 @pytest.mark.parametrize(
     "status, verdict",
-    [(200, "completed"), (201, "completed"), (302, "completed"), (400, "failed"),
-     (402, "failed"), (422, "failed"), (404, "unstored"), (409, "unstored"), (429, "unstored"),
-     (500, "unstored"), (503, "unstored")],
+    [
+        (200, "completed"),
+        (201, "completed"),
+        (302, "completed"),
+        (400, "failed"),
+        (402, "failed"),
+        (422, "failed"),
+        (404, "unstored"),
+        (409, "unstored"),
+        (429, "unstored"),
+        (500, "unstored"),
+        (503, "unstored"),
+    ],
 )
 def test_which_answers_are_stored(status, verdict):
     assert core.classify(status).value == verdict
@@ -123,7 +133,9 @@ def test_which_answers_are_stored(status, verdict):
 def test_the_lock_id_is_a_signed_64_bit_integer_per_tenant_scope_and_key():
     ids = {
         core.IdempotentRequest(t, s, k, "").lock_id
-        for t in (1, 2) for s in ("a", "b") for k in ("x", "y")
+        for t in (1, 2)
+        for s in ("a", "b")
+        for k in ("x", "y")
     }
     assert len(ids) == 8
     assert all(-(2**63) <= i < 2**63 for i in ids)

@@ -14,7 +14,6 @@ def post(client, key, body, user="alice"):
     )
 
 
-
 def test_plain_django_view_runs_once_and_replays(settings):
     settings.TENANCY = {**settings.TENANCY, "TENANT_RESOLVER": lambda request: 1}
     client = Client()

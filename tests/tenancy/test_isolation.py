@@ -7,7 +7,6 @@ requires every test to fail.
 
 from __future__ import annotations
 
-
 import pytest
 from django.db import DatabaseError, connection, transaction
 

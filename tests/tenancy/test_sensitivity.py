@@ -20,10 +20,20 @@ def test_every_isolation_test_fails_when_the_policies_are_dropped(tmp_path):
     }
     proc = subprocess.run(
         [
-            sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-            f"--junitxml={report}", "tests/tenancy/test_isolation.py",
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--junitxml={report}",
+            "tests/tenancy/test_isolation.py",
         ],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     cases = ET.parse(report).getroot().iter("testcase")

@@ -23,14 +23,17 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
-            "--batch-size", type=positive_int, default=None,
+            "--batch-size",
+            type=positive_int,
+            default=None,
             help='Rows per delete transaction (default: IDEMPOTENCY["REAP_BATCH_SIZE"]).',
         )
         parser.add_argument(
             "--dry-run", action="store_true", help="Count what would be deleted; delete nothing."
         )
         parser.add_argument(
-            "--database", default=None,
+            "--database",
+            default=None,
             help='Database alias to use (default: TENANCY["SYSTEM_DATABASE"]).',
         )
 

@@ -1,0 +1,47 @@
+"""The docs keep up with the code: every setting and command is documented."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from django.core.management import get_commands
+
+from tenancy.checks import _known_settings
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+LIBRARY_APPS = {"tenancy", "idempotency", "outbox"}
+
+
+def test_every_setting_is_documented_in_settings_md():
+    text = (DOCS / "settings.md").read_text()
+    missing = []
+    for app_settings in _known_settings:
+        if f"`{app_settings.name}`" not in text:
+            missing.append(app_settings.name)
+        for key in app_settings.defaults:
+            if not re.search(rf"^\| `{key}` \|", text, re.M):
+                missing.append(f"{app_settings.name}[{key!r}]")
+    assert missing == []
+
+
+def test_every_command_is_documented_in_commands_md():
+    text = (DOCS / "commands.md").read_text()
+    ours = sorted(name for name, app in get_commands().items() if app in LIBRARY_APPS)
+    assert "reap_idempotency_keys" in ours
+    assert [name for name in ours if f"## `{name}`" not in text] == []
+
+
+@pytest.mark.parametrize("page", sorted(p.name for p in DOCS.glob("*.md")))
+def test_links_between_pages_resolve(page):
+    text = (DOCS / page).read_text()
+    for target in re.findall(r"\]\(([a-z_]+\.md)(?:#[^)]*)?\)", text):
+        assert (DOCS / target).exists(), f"{page} links to missing {target}"
+
+
+def test_every_check_id_is_documented():
+    source = (Path(__file__).resolve().parents[1] / "tenancy" / "checks.py").read_text()
+    ids = set(re.findall(r'id="(tenancy\.[EW]\d+)"', source))
+    text = (DOCS / "roles.md").read_text()
+    assert sorted(i for i in ids if f"`{i}`" not in text) == []
