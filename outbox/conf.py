@@ -49,6 +49,10 @@ DEFAULTS: dict[str, Any] = {
     "CELERY_TOPIC_TASKS": {},
     # Celery transport: queue for the sent tasks; None leaves it to task_routes.
     "CELERY_QUEUE": None,
+    # Celery transport: True sends through app.send_task (slower; runs the
+    # publish signals); False builds the message with Celery and publishes
+    # it with kombu directly.
+    "CELERY_SEND_TASK": False,
     # Retention: messages older than this AND passed by every reader are deleted.
     "RETENTION": timedelta(days=7),
     # Retention: rows of outbox_received (the receivers' de-duplication

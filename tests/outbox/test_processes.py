@@ -206,3 +206,19 @@ def test_end_to_end_through_redis_and_a_celery_worker(tmp_path, queue):
     with observer() as conn:
         rows = conn.execute("SELECT tenant_id, count(*) FROM testapp_order GROUP BY 1").fetchall()
     assert sorted(rows) == [(A, 20), (B, 20)]
+
+
+@pytest.mark.parametrize("send_task", [False, True])
+def test_celery_transport_publishes_a_batch_to_the_queue_once(settings, queue, send_task):
+    import json as _json
+
+    from outbox.relay import Relay
+
+    settings.OUTBOX = {**settings.OUTBOX, "CELERY_SEND_TASK": send_task}
+    ids = publish_many(A, "order.placed", [{"sku": f"s{i}"} for i in range(3)])
+    wait_for(lambda: Relay(name="test").drain() >= 0 and queue_length(queue) == 3, "relayed")
+    client = redis.Redis.from_url(django_settings.CELERY_BROKER_URL)
+    raw = [_json.loads(item) for item in client.lrange(queue, 0, -1)]
+    client.close()
+    assert sorted(m["headers"]["id"] for m in raw) == sorted(str(i) for i in ids)
+    assert {m["headers"]["task"] for m in raw} == {"tests.outbox.receive_order"}
