@@ -2,6 +2,7 @@
 #
 #   make test               the whole suite on a private PostgreSQL (started and stopped here)
 #   make bench-idempotency  DRF endpoint with and without the mixin, side by side
+#   make bench-outbox       relay into Redis/Celery, no-op consumer, latency, memory
 #   make lint               ruff and mypy
 #   make services / make services-stop   keep PostgreSQL and Redis up between runs
 
@@ -10,7 +11,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test bench-idempotency lint services services-stop clean
+.PHONY: test bench-idempotency bench-outbox lint services services-stop clean
 
 $(STAMP): pyproject.toml
 	@echo "[make] creating $(VENV) and installing the project with its test tools"
@@ -20,10 +21,13 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 test: $(STAMP)
-	@scripts/services run pg -- $(BIN)/python -m pytest $(PYTEST_ARGS)
+	@scripts/services run pg redis -- $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench-idempotency: $(STAMP)
 	@scripts/services run pg -- $(BIN)/python bench/idempotency.py $(BENCH_ARGS)
+
+bench-outbox: $(STAMP)
+	@scripts/services run pg redis -- $(BIN)/python bench/outbox.py $(BENCH_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check idempotency tenancy tests bench
