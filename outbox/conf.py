@@ -45,7 +45,7 @@ DEFAULTS: dict[str, Any] = {
     # Celery transport: the Celery app (dotted path) or None for current_app.
     "CELERY_APP": None,
     # Celery transport: the task each message is sent to, and per-topic overrides.
-    "CELERY_TASK": "outbox.receive",
+    "CELERY_TASK": None,
     "CELERY_TOPIC_TASKS": {},
     # Celery transport: queue for the sent tasks; None leaves it to task_routes.
     "CELERY_QUEUE": None,
