@@ -121,7 +121,9 @@ def configured_consumers() -> list[Consumer]:
         try:
             obj = import_string(entry) if isinstance(entry, str) else entry
         except ImportError as exc:
-            raise ConsumerConfigError(f'OUTBOX["CONSUMERS"]: cannot import {entry!r}: {exc}') from exc
+            raise ConsumerConfigError(
+                f'OUTBOX["CONSUMERS"]: cannot import {entry!r}: {exc}'
+            ) from exc
         consumer = obj() if isinstance(obj, type) else obj
         if not isinstance(consumer, Consumer):
             raise ConsumerConfigError(f'OUTBOX["CONSUMERS"]: {entry!r} is not an outbox.Consumer')

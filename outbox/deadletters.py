@@ -47,7 +47,8 @@ def list_parked(
     consumer: str | None = None, tenant_id: int | None = None, limit: int = 100
 ) -> list[Parked]:
     """Parked messages across tenants (read on the system alias), oldest first."""
-    where, params = ["TRUE"], []  # type: ignore[var-annotated]
+    where: list[str] = ["TRUE"]
+    params: list[str | int] = []
     if consumer is not None:
         where.append("consumer = %s")
         params.append(consumer)

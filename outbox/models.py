@@ -47,9 +47,11 @@ class OutboxMessage(models.Model):
     xid = XID8Field()
     message_id = models.UUIDField()
     topic = models.CharField(max_length=200)
-    key = models.CharField(max_length=200, null=True)
-    aggregate_type = models.CharField(max_length=200, null=True)
-    aggregate_id = models.CharField(max_length=200, null=True)
+    # NULL, not "": no key means no ordering promise (and partitions spread
+    # such messages by message id), which an empty string would blur.
+    key = models.CharField(max_length=200, null=True)  # noqa: DJ001
+    aggregate_type = models.CharField(max_length=200, null=True)  # noqa: DJ001
+    aggregate_id = models.CharField(max_length=200, null=True)  # noqa: DJ001
     payload = models.JSONField()
     headers = models.JSONField(default=dict)
     created_at = models.DateTimeField(db_default=Now())
@@ -108,9 +110,11 @@ class DeadLetter(models.Model):
     message_pk = models.BigIntegerField()
     message_id = models.UUIDField()
     topic = models.CharField(max_length=200)
-    key = models.CharField(max_length=200, null=True)
-    aggregate_type = models.CharField(max_length=200, null=True)
-    aggregate_id = models.CharField(max_length=200, null=True)
+    # NULL, not "": no key means no ordering promise (and partitions spread
+    # such messages by message id), which an empty string would blur.
+    key = models.CharField(max_length=200, null=True)  # noqa: DJ001
+    aggregate_type = models.CharField(max_length=200, null=True)  # noqa: DJ001
+    aggregate_id = models.CharField(max_length=200, null=True)  # noqa: DJ001
     payload = models.JSONField()
     headers = models.JSONField(default=dict)
     message_created_at = models.DateTimeField()

@@ -99,8 +99,12 @@ def publish(
         raise NoTenant(
             f"outbox.publish({topic!r}) needs a tenant: call it inside tenant_context(tenant_id)."
         )
-    if not isinstance(topic, str) or not topic:
-        raise ValueError("outbox.publish(): topic must be a non-empty string")
+    if not isinstance(topic, str) or not topic or len(topic) > 200:
+        raise ValueError("outbox.publish(): topic must be a string of 1 to 200 characters")
+    for name, value in (("key", key), ("aggregate_type", aggregate_type),
+                        ("aggregate_id", aggregate_id)):
+        if value is not None and len(str(value)) > 200:
+            raise ValueError(f"outbox.publish(): {name} is longer than 200 characters")
     message_id = message_id or uuid.uuid4()
     body = json.dumps(payload, cls=DjangoJSONEncoder)
     extra = json.dumps(dict(headers or {}), cls=DjangoJSONEncoder)

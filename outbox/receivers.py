@@ -66,7 +66,9 @@ def receive(
         return True, handler(message)
 
 
-def receiver(name: str, *, using: str | None = None) -> Callable[[Callable[..., T]], Callable[..., T | None]]:
+def receiver(
+    name: str, *, using: str | None = None
+) -> Callable[[Callable[..., T]], Callable[..., T | None]]:
     """Decorate a task function to receive outbox envelopes once each.
 
     The decorated function takes a :class:`Message` (plus any further

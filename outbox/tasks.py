@@ -32,7 +32,8 @@ def relay() -> int:
 @shared_task(name="outbox.run_consumers", ignore_result=True)
 def run_consumers(names: list[str] | None = None) -> int:
     """Run the consumers (all, or ``names``) until idle; return messages handled."""
-    from outbox.consumers import run_consumers as run, select_consumers
+    from outbox.consumers import run_consumers as run
+    from outbox.consumers import select_consumers
 
     return run(select_consumers(names or ()), once=True)
 

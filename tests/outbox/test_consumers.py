@@ -13,7 +13,13 @@ from tenancy import tenant_context
 from tests.helpers import connect, count_rows, observer
 from tests.outbox.consumers import FAILING, OrderRecorder, PartitionedRecorder
 from tests.outbox.helpers import (
-    drain, effects, message_position, offset, publish_as, publish_many, wait_for,
+    drain,
+    effects,
+    message_position,
+    offset,
+    publish_as,
+    publish_many,
+    wait_for,
 )
 
 A, B = 1, 2

@@ -18,7 +18,14 @@ from django.conf import settings as django_settings
 from tests.helpers import count_rows
 from tests.outbox.consumers import SlowRecorder
 from tests.outbox.helpers import (
-    Process, drain, effects, offset, orders_by_key, publish_many, terminate_backends, wait_for,
+    Process,
+    drain,
+    effects,
+    offset,
+    orders_by_key,
+    publish_many,
+    terminate_backends,
+    wait_for,
 )
 
 A, B = 1, 2
@@ -120,7 +127,8 @@ def test_the_consumer_loop_survives_losing_the_database_and_stops_on_sigterm(tmp
         ids = []
         for round_ in range(3):
             ids += publish_many(A, "order.placed", [{"sku": f"r{round_}"}])
-            wait_for(lambda: len(effects()) == len(ids), f"round {round_} handled")
+            expected = len(ids)
+            wait_for(lambda n=expected: len(effects()) == n, f"round {round_} handled")
             wait_for(lambda: terminate_backends(app_name) > 0, "the loop's sessions to cut")
         ids += publish_many(A, "order.placed", [{"sku": "after"}])
         wait_for(lambda: len(effects()) == len(ids), "the last message handled")
@@ -145,7 +153,7 @@ def test_the_relay_loop_survives_losing_the_database_and_stops_on_sigterm(tmp_pa
         for round_ in range(3):
             publish_many(A, "order.placed", [{"sku": f"r{round_}"}])
             sent += 1
-            wait_for(lambda: queue_length(queue) == sent, f"round {round_} relayed")
+            wait_for(lambda n=sent: queue_length(queue) == n, f"round {round_} relayed")
             wait_for(lambda: terminate_backends(app_name) > 0, "the relay's sessions to cut")
         publish_many(A, "order.placed", [{"sku": "after"}])
         wait_for(lambda: queue_length(queue) == sent + 1, "the last message relayed")

@@ -12,7 +12,7 @@ from django.db import connection, transaction
 
 from outbox import publish
 from outbox.models import OutboxMessage
-from outbox.publishing import NotInTransaction, NoTenant, wake_up
+from outbox.publishing import NoTenant, NotInTransaction, wake_up
 from tenancy import tenant_context
 from tests.helpers import as_tenant, connect, count_rows, observer, raises_rls_violation
 from tests.outbox.helpers import publish_as, raw_publish
