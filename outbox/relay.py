@@ -4,7 +4,10 @@ A relay is an offset reader on the system alias, like a consumer, with one
 difference: its effect (publishing to a broker) is outside the database, so it
 cannot share a transaction with the offset. Each round therefore is::
 
-    1. claim or renew the lease on the offset row  (one UPDATE, committed)
+    1. claim or renew the lease on the offset row  (one UPDATE, committed;
+                                                    skipped while the lease is
+                                                    young: then the position
+                                                    known here is current)
     2. read the fenced batch after the offset      (one SELECT)
     3. send the batch to the broker                (no transaction open)
     4. advance the offset, compare-and-set on the old position and the lease
@@ -23,6 +26,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 
 from django.db import connections
@@ -81,9 +85,17 @@ class Relay:
         self.sent = 0
         self._broker_failures = 0
         self._checked = False
+        # While the lease is ours and not past half its life, the position is
+        # known here and the lease need not be renewed (no write per poll).
+        self._position: tuple[int, int] | None = None
+        self._renew_at = 0.0
 
     def _claim(self) -> tuple[int, int] | None:
+        if self._position is not None and time.monotonic() < self._renew_at:
+            return self._position
+        self._position = None
         lease = setting_seconds("RELAY_LEASE")
+        started = time.monotonic()
         with connections[self.alias].cursor() as cursor:
             cursor.execute(_CLAIM, [self.owner, lease, self.offset_name, self.owner])
             row = cursor.fetchone()
@@ -96,10 +108,21 @@ class Relay:
                 if cursor.rowcount:
                     cursor.execute(_CLAIM, [self.owner, lease, self.offset_name, self.owner])
                     row = cursor.fetchone()
-        return None if row is None else (int(row[0]), int(row[1]))
+        if row is None:
+            return None
+        self._position = (int(row[0]), int(row[1]))
+        self._renew_at = started + lease / 2
+        return self._position
 
     def step(self) -> bool:
         """One round; True when another round may find work at once."""
+        try:
+            return self._step()
+        except DATABASE_ERRORS:
+            self._position = None  # did the last advance commit? ask the database
+            raise
+
+    def _step(self) -> bool:
         if not self._checked:
             require_cross_tenant_reader(self.alias)
             self._checked = True
@@ -114,6 +137,7 @@ class Relay:
         except DATABASE_ERRORS:
             raise
         except Exception as exc:
+            self._position = None  # re-read the offset and renew the lease next time
             self._broker_failures += 1
             pause = min(
                 setting_seconds("BROKER_BACKOFF") * 2 ** (self._broker_failures - 1),
@@ -138,12 +162,14 @@ class Relay:
             )
             advanced = cursor.rowcount == 1
         if not advanced:
+            self._position = None
             logger.warning(
                 "outbox: relay %s lost its lease while sending; another relay will send "
                 "those %d message(s) again (receivers de-duplicate them)",
                 self.name, len(batch.messages),
             )
             return False
+        self._position = last
         self.sent += len(batch.messages)
         return len(batch.messages) == self.batch_size
 
@@ -167,6 +193,7 @@ class Relay:
 
     def release(self) -> None:
         """Give the lease up, so that another relay takes over at once."""
+        self._position = None
         try:
             with connections[self.alias].cursor() as cursor:
                 cursor.execute(
