@@ -24,14 +24,14 @@ test: $(STAMP)
 	@scripts/services run pg redis -- $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench-idempotency: $(STAMP)
-	@scripts/services run pg -- $(BIN)/python bench/idempotency.py $(BENCH_ARGS)
+	@scripts/services run pg -- $(BIN)/python bench/bench_idempotency.py $(BENCH_ARGS)
 
 bench-outbox: $(STAMP)
-	@scripts/services run pg redis -- $(BIN)/python bench/outbox.py $(BENCH_ARGS)
+	@scripts/services run pg redis -- $(BIN)/python bench/bench_outbox.py $(BENCH_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check idempotency tenancy tests bench
-	$(BIN)/mypy idempotency tenancy
+	$(BIN)/ruff check idempotency tenancy outbox tests bench
+	$(BIN)/mypy idempotency tenancy outbox
 
 services:
 	@scripts/services start pg redis

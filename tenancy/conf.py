@@ -26,7 +26,7 @@ class AppSettings:
 
     def user_settings(self) -> Mapping[str, Any]:
         value = getattr(settings, self.name, {})
-        if not isinstance(value, Mapping):
+        if type(value) is not dict and not isinstance(value, Mapping):
             raise ImproperlyConfigured(f"settings.{self.name} must be a dict.")
         return value
 

@@ -149,3 +149,42 @@ def test_ttl_must_be_positive():
         as_timedelta(0, "TTL")
     with pytest.raises(TypeError):
         as_timedelta("1h", "TTL")
+
+
+def test_on_commit_callbacks_of_a_stored_answer_run_once_after_commit():
+    from django.db import transaction
+
+    ran = []
+
+    def handler():
+        Order.objects.create(tenant_id=current_tenant_id(), sku="x")
+        transaction.on_commit(lambda: ran.append(count_rows("testapp_order")))
+        return stored(201)
+
+    core.execute(request(), handler, lambda r: r)
+    assert ran == [1]  # called once, and the order was already committed
+
+
+def test_on_commit_callbacks_of_a_rolled_back_handler_never_run():
+    from django.db import transaction
+
+    ran = []
+
+    def handler():
+        transaction.on_commit(lambda: ran.append("charged"))
+        return stored(402)
+
+    result = core.execute(request(), handler, lambda r: r)
+    assert result.verdict is core.Verdict.FAILED
+    assert ran == []
+    assert count_rows("idempotency_keys", "state = 'failed'") == 1
+
+
+def test_inside_an_outer_transaction_everything_commits_with_it():
+    from django.db import transaction
+
+    with transaction.atomic():
+        result = core.execute(request(), lambda: stored(201), lambda r: r)
+        assert result.outcome is core.Outcome.EXECUTED
+        assert count_rows("idempotency_keys") == 0  # not committed yet
+    assert count_rows("idempotency_keys") == 1

@@ -1,6 +1,6 @@
 """make bench-outbox: the outbox's throughput, latency and memory, on this machine.
 
-    . .run/env && .venv/bin/python bench/outbox.py [--messages 100000] [--backlog 1000000]
+    . .run/env && .venv/bin/python bench/bench_outbox.py [--messages 100000] [--backlog 1000000]
 
 Measures, against the private PostgreSQL and Redis of scripts/services:
 
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[0] = str(ROOT)  # not bench/: its outbox.py would shadow the package
+sys.path[0] = str(ROOT)  # run from the project root, not from bench/
 os.environ["DJANGO_SETTINGS_MODULE"] = "bench.outbox_settings"
 
 import django  # noqa: E402

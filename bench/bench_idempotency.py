@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[0] = str(ROOT)  # run from the project root, not from bench/
 
 BODY = '{"sku": "tea", "quantity": 2, "note": "benchmark order"}'
 
