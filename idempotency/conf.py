@@ -33,6 +33,14 @@ DEFAULTS: dict[str, Any] = {
     "UNSTORED_STATUS_CODES": (401, 403, 404, 408, 409, 425, 429),
     # Response headers stored with the answer and replayed.
     "REPLAYED_HEADERS": ("Content-Type", "Location"),
+    # Phases mode: how long a run owns a pending key before a retry (or the
+    # completer) may take it over. Each committed phase renews it.
+    "LEASE": timedelta(seconds=30),
+    # The completer finishes pending keys of completable programs that nobody
+    # has touched for this long (and whose lease has run out).
+    "COMPLETE_AFTER": timedelta(minutes=5),
+    # Keys the completer takes per run.
+    "COMPLETE_BATCH_SIZE": 100,
     # Unfinished keys older than this are reported by the reaper.
     "STUCK_AFTER": timedelta(hours=1),
     # Rows deleted per reaper transaction.

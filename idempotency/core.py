@@ -170,9 +170,10 @@ def classify(status_code: int, unstored: Iterable[int] | None = None) -> Verdict
 
 
 _LOOKUP = """
-SELECT CASE WHEN k.expires_at > now() THEN NULL ELSE pg_try_advisory_xact_lock(%s) END,
-       k.expires_at > now(), k.state, k.request_hash, k.status_code, k.response,
-       k.response_headers
+SELECT CASE WHEN k.expires_at > now() OR k.state = 'pending' THEN NULL
+            ELSE pg_try_advisory_xact_lock(%s) END,
+       k.expires_at > now() OR k.state = 'pending', k.state, k.request_hash, k.status_code,
+       k.response, k.response_headers
   FROM (SELECT 1) AS one
   LEFT JOIN idempotency_keys AS k ON k.tenant_id = %s AND k.scope = %s AND k.key = %s
 """
@@ -189,11 +190,13 @@ INSERT INTO idempotency_keys (tenant_id, scope, key, {_COLUMNS})
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, now(), clock_timestamp(), now() + %s)
 """
 
-# Taking over an expired, unreaped row.
+# Taking over an expired, unreaped row. A pending row (phases mode) never
+# expires into "new": its work may be half done.
 _REPLACE_EXPIRED = f"""
 UPDATE idempotency_keys SET ({_COLUMNS}) =
        (%s, %s, %s, %s, %s, %s, %s::jsonb, now(), clock_timestamp(), now() + %s)
  WHERE tenant_id = %s AND scope = %s AND key = %s AND expires_at <= now()
+   AND state <> 'pending'
 """
 
 
@@ -307,7 +310,7 @@ def _attempt(
                     )
                     locked, live, state, request_hash, status, body, headers = cursor.fetchone()
                 if live:
-                    return _answer_from_row(request, state, request_hash, status, body, headers)
+                    return answer_from_row(request, state, request_hash, status, body, headers)
                 if not locked:
                     return Result(Outcome.IN_PROGRESS)
                 coalesce.active = False
@@ -370,7 +373,7 @@ def _store(
             raise _LostRace from exc
 
 
-def _answer_from_row(
+def answer_from_row(
     request: IdempotentRequest,
     state: str,
     request_hash: str,

@@ -3,17 +3,26 @@
 from __future__ import annotations
 
 import functools
+import json
 from datetime import timedelta
 from typing import Any
 
 from django.http import HttpResponse
+from rest_framework.exceptions import APIException
 from rest_framework.permissions import SAFE_METHODS
 from rest_framework.request import Request
 
-from idempotency import core
+from idempotency import core, phases
 from idempotency.conf import as_timedelta, idempotency_settings
-from idempotency.fingerprint import canonical_path, fingerprint, principal_of
-from idempotency.responses import answer, check_request, replay_response, to_stored_response
+from idempotency.fingerprint import canonical_json, canonical_path, fingerprint, principal_of
+from idempotency.phases import Phases
+from idempotency.responses import (
+    answer,
+    check_request,
+    http_response,
+    replay_response,
+    to_stored_response,
+)
 from tenancy import tenant_context
 from tenancy.conf import tenancy_settings
 from tenancy.resolver import resolve_tenant
@@ -52,6 +61,7 @@ class IdempotentViewMixin:
     idempotency_ttl: timedelta | int | None = None
     idempotency_key_required: bool | None = None
     idempotency_wait: float | None = None
+    idempotency_phases: type[Phases] | None = None
 
     request: Request
 
@@ -78,9 +88,12 @@ class IdempotentViewMixin:
         if isinstance(checked, HttpResponse):
             return checked
         key, tenant_id = checked
-        if key is None:  # optional and absent: run as the tenant, without a key
+        program = self.get_idempotency_phases()
+        if key is None and program is None:  # optional and absent: run as the tenant
             with tenant_context(tenant_id, using=tenancy_settings.APP_DATABASE):
                 return handler(request, *args, **kwargs)
+        if key is None:
+            return self._phases_problem_without_key()
         ttl = self.idempotency_ttl
         ireq = core.IdempotentRequest(
             tenant_id=tenant_id,
@@ -91,6 +104,9 @@ class IdempotentViewMixin:
             path=request.path,
             ttl=None if ttl is None else as_timedelta(ttl, "idempotency_ttl"),
         )
+
+        if program is not None:
+            return self._run_phases(program, ireq, kwargs)
 
         def run() -> HttpResponse:
             try:
@@ -112,7 +128,53 @@ class IdempotentViewMixin:
         )
         return answer(result, replay=self.perform_replay)
 
+    def _run_phases(
+        self, program: type[Phases], ireq: core.IdempotentRequest, kwargs: dict[str, Any]
+    ) -> HttpResponse:
+        def convert(exc: Exception) -> core.StoredResponse | None:
+            # DRF's own exceptions (validation, permission, ...) become their
+            # answers, stored or not by status; anything else is transient.
+            if not isinstance(exc, APIException):
+                return None
+            response = self.handle_exception(exc)  # type: ignore[attr-defined]
+            response = self.finalize_response(self.request, response)  # type: ignore[attr-defined]
+            response.render()
+            return to_stored_response(response)
+
+        result = phases.execute(
+            program,
+            ireq,
+            data=json.loads(canonical_json(self.request.data)),
+            kwargs=kwargs,
+            principal=self.get_idempotency_principal(),
+            on_exception=convert,
+            wait=self.idempotency_wait,
+            using=tenancy_settings.APP_DATABASE,
+        )
+        if result.outcome is core.Outcome.EXECUTED:
+            assert isinstance(result.value, core.StoredResponse)
+            return http_response(result.value)
+        return answer(result, replay=self.perform_replay)
+
+    def _phases_problem_without_key(self) -> HttpResponse:
+        from idempotency.responses import problem_response
+
+        return problem_response(
+            idempotency_settings.STATUS_KEY_MISSING,
+            "idempotency_key_missing",
+            f"This operation requires an {idempotency_settings.HEADER} header.",
+        )
+
     # --- hooks -------------------------------------------------------------
+
+    def get_idempotency_phases(self) -> type[Phases] | None:
+        """The phases program to run instead of the handler (phases mode), or None.
+
+        By default ``idempotency_phases``. In phases mode the view's method
+        (``post``, or the viewset action) only routes the request: the program
+        does the work, and its scope is the key's scope.
+        """
+        return self.idempotency_phases
 
     def get_idempotency_key(self, header_value: str) -> str:
         """Parse the header value into a key; raise ``core.InvalidKey`` to refuse it."""
@@ -123,6 +185,9 @@ class IdempotentViewMixin:
         that survives renaming the view."""
         if self.idempotency_scope:
             return self.idempotency_scope
+        program = self.get_idempotency_phases()
+        if program is not None and program.scope:
+            return program.scope
         cls = type(self)
         action = getattr(self, "action", None) or str(self.request.method).lower()
         return f"{cls.__module__}.{cls.__qualname__}.{action}"

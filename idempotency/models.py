@@ -32,6 +32,15 @@ class IdempotencyKey(models.Model):
     created_at = models.DateTimeField(db_default=Now())
     completed_at = models.DateTimeField(null=True)
     expires_at = models.DateTimeField()
+    # Phases mode (idempotency.phases): the key is committed before the work,
+    # and these fields carry the request across phases, retries and crashes.
+    recovery_point = models.CharField(max_length=100, blank=True, db_default="")
+    phase_state = models.JSONField(null=True)
+    request_data = models.JSONField(null=True)
+    request_id = models.UUIDField(null=True)
+    lease_token = models.BigIntegerField(db_default=0)
+    locked_until = models.DateTimeField(null=True)
+    updated_at = models.DateTimeField(null=True)
 
     class Meta:
         db_table = "idempotency_keys"

@@ -2,8 +2,10 @@
 
 The reaper runs on the system alias (``TENANCY["SYSTEM_DATABASE"]``), whose
 role sees every tenant's keys. It walks the tenants that have keys, and for
-each deletes expired rows in bounded batches, one short transaction per batch,
-skipping rows that a live request has locked. One reaper runs at a time: a
+each deletes expired finished rows in bounded batches, one short transaction
+per batch, skipping rows that a live request has locked. Pending keys (phases
+mode) are never deleted, since their work may be half done: they are reported
+instead, for the completer or a human. One reaper runs at a time: a
 second one finds the advisory lock taken and returns at once.
 """
 
@@ -39,20 +41,23 @@ _DELETE_BATCH = """
 DELETE FROM idempotency_keys
  WHERE ctid = ANY(ARRAY(
        SELECT ctid FROM idempotency_keys
-        WHERE tenant_id = %s AND expires_at <= now()
+        WHERE tenant_id = %s AND expires_at <= now() AND state <> 'pending'
         ORDER BY expires_at
         LIMIT %s
         FOR UPDATE SKIP LOCKED))
 """
 
-_COUNT_EXPIRED = (
-    "SELECT count(*) FROM idempotency_keys WHERE tenant_id = %s AND expires_at <= now()"
-)
+_COUNT_EXPIRED = """
+SELECT count(*) FROM idempotency_keys
+ WHERE tenant_id = %s AND expires_at <= now() AND state <> 'pending'
+"""
 
+# Pending keys that nothing is working on (no live lease) for a long time.
 _STUCK = """
-SELECT tenant_id, scope, key, created_at, count(*) OVER ()
+SELECT tenant_id, scope, key, created_at, recovery_point, expires_at <= now(), count(*) OVER ()
   FROM idempotency_keys
  WHERE state = 'pending' AND created_at < now() - %s
+   AND (locked_until IS NULL OR locked_until <= clock_timestamp())
  ORDER BY created_at
  LIMIT %s
 """
@@ -64,10 +69,20 @@ class ReaperRefused(Exception):
 
 @dataclass(frozen=True)
 class StuckKey:
+    """A pending key nothing is working on.
+
+    ``completable``: the completer will finish it (its program opted in);
+    otherwise only the client's retry can, and after ``expired`` a human
+    should look: the request may be half done (e.g. charged, no receipt).
+    """
+
     tenant_id: int
     scope: str
     key: str
     created_at: datetime
+    recovery_point: str
+    expired: bool
+    completable: bool
 
 
 @dataclass
@@ -200,5 +215,14 @@ def _find_stuck(alias: str, report: ReapReport, sample: int) -> None:
     with connections[alias].cursor() as cursor:
         cursor.execute(_STUCK, [after, sample])  # type: ignore[list-item]
         rows = cursor.fetchall()
-    report.stuck = [StuckKey(*row[:4]) for row in rows]
-    report.stuck_count = rows[0][4] if rows else 0
+    from idempotency.phases import completable_scopes
+
+    completable = set(completable_scopes())
+    report.stuck = [
+        StuckKey(
+            tenant_id=row[0], scope=row[1], key=row[2], created_at=row[3],
+            recovery_point=row[4], expired=row[5], completable=row[1] in completable,
+        )
+        for row in rows
+    ]
+    report.stuck_count = rows[0][6] if rows else 0

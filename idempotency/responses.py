@@ -81,12 +81,18 @@ def to_stored_response(response: HttpResponse) -> core.StoredResponse:
     return core.StoredResponse(response.status_code, bytes(response.content), headers)
 
 
-def replay_response(stored: core.StoredResponse) -> HttpResponse:
-    """The stored answer again, marked ``Idempotent-Replayed: true``."""
+def http_response(stored: core.StoredResponse) -> HttpResponse:
+    """An HttpResponse with exactly the stored status, body and headers."""
     response = HttpResponse(stored.body, status=stored.status_code)
     del response["Content-Type"]  # only the stored Content-Type, if any
     for name, value in stored.headers:
         response[name] = value
+    return response
+
+
+def replay_response(stored: core.StoredResponse) -> HttpResponse:
+    """The stored answer again, marked ``Idempotent-Replayed: true``."""
+    response = http_response(stored)
     response[REPLAYED_HEADER] = "true"
     return response
 

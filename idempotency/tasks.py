@@ -23,3 +23,11 @@ from idempotency import reaper
 def reap_expired_keys(batch_size: int | None = None) -> dict[str, Any]:
     """Delete expired keys of every tenant; the same job as ``reap_idempotency_keys``."""
     return reaper.reap_expired_keys(batch_size=batch_size).as_dict()
+
+
+@shared_task(name="idempotency.tasks.complete_abandoned_keys")
+def complete_abandoned_keys(limit: int | None = None) -> dict[str, Any]:
+    """Finish abandoned phases-mode requests; the job of ``complete_idempotency_keys``."""
+    from idempotency import completer
+
+    return completer.complete_abandoned_keys(limit=limit).as_dict()

@@ -64,7 +64,14 @@ class Command(BaseCommand):
                 )
             )
             for stuck in report.stuck:
+                if stuck.completable:
+                    fate = "the completer will finish it"
+                elif stuck.expired:
+                    fate = "expired unfinished: needs a human"
+                else:
+                    fate = "waits for the client's retry"
                 self.stdout.write(
                     f"  tenant {stuck.tenant_id} scope {stuck.scope} key {stuck.key!r} "
-                    f"since {stuck.created_at.isoformat()}"
+                    f"at {stuck.recovery_point or 'started'} since "
+                    f"{stuck.created_at.isoformat()}: {fate}"
                 )

@@ -1,0 +1,126 @@
+"""Finishing phases-mode requests that their clients abandoned.
+
+A client that gave up halfway (its app was closed, its retries ran out)
+leaves a pending key: perhaps the card was charged and the receipt never
+sent. The completer finds pending keys whose lease has run out and that
+nobody has touched for ``COMPLETE_AFTER``, and runs their program from the
+last recovery point with the request data stored on the key, as the key's
+tenant, exactly as a retry by the client would. Only programs with
+``completable = True`` are finished this way.
+
+Two completers (or a completer and the client's own retry) never both run a
+request: taking a key over is a compare-and-set on its fencing token, so one
+wins and the others see it in progress and skip it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+
+from django.db import connections
+
+from idempotency import phases
+from idempotency.conf import as_timedelta, idempotency_settings
+from idempotency.core import IdempotentRequest, Outcome, Verdict
+from idempotency.reaper import ensure_cross_tenant, system_alias
+from tenancy.conf import tenancy_settings
+
+logger = logging.getLogger("idempotency")
+
+_ABANDONED = """
+SELECT tenant_id, scope, key, request_hash, request_method, request_path, request_data
+  FROM idempotency_keys
+ WHERE state = 'pending' AND scope = ANY(%s)
+   AND (locked_until IS NULL OR locked_until <= clock_timestamp())
+   AND coalesce(updated_at, created_at) < now() - %s
+ ORDER BY coalesce(updated_at, created_at)
+ LIMIT %s
+"""
+
+
+@dataclass
+class CompleteReport:
+    found: int = 0
+    completed: int = 0  # finished with a stored answer (success or definitive failure)
+    failed: int = 0  # failed again, transiently: still pending, lease released
+    skipped: int = 0  # taken by someone else meanwhile, or finished already
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def complete_abandoned_keys(
+    *,
+    older_than: timedelta | int | None = None,
+    limit: int | None = None,
+    using: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> CompleteReport:
+    """Run the programs of abandoned pending keys to completion.
+
+    Args:
+        older_than: untouched for at least this long (``COMPLETE_AFTER``).
+        limit: at most this many keys (``COMPLETE_BATCH_SIZE``).
+        using: the alias that finds keys across tenants (the system alias);
+            the programs themselves run on ``TENANCY["APP_DATABASE"]``, as
+            each key's tenant, under row-level security.
+        progress: called with a line per key.
+    """
+    started = time.monotonic()
+    alias = system_alias(using)
+    ensure_cross_tenant(alias, "idempotency_keys")
+    if older_than == 0:
+        window = timedelta(0)
+    else:
+        value = idempotency_settings.COMPLETE_AFTER if older_than is None else older_than
+        window = as_timedelta(value, 'IDEMPOTENCY["COMPLETE_AFTER"]')
+    size = int(limit or idempotency_settings.COMPLETE_BATCH_SIZE)
+    scopes = phases.completable_scopes()
+    report = CompleteReport()
+    if not scopes:
+        return report
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_ABANDONED, [scopes, window, size])  # type: ignore[list-item]
+        rows = cursor.fetchall()
+    report.found = len(rows)
+    for tenant_id, scope, key, request_hash, method, path, stored in rows:
+        program = phases.program_for(scope)
+        assert program is not None
+        stored = phases.load_json(stored) or {}
+        request = IdempotentRequest(
+            tenant_id=tenant_id, scope=scope, key=key, fingerprint=request_hash,
+            method=method, path=path,
+        )
+        try:
+            result = phases.execute(
+                program,
+                request,
+                data=stored.get("data"),
+                kwargs=stored.get("kwargs") or {},
+                principal=stored.get("principal", ""),
+                wait=0,
+                using=tenancy_settings.APP_DATABASE,
+            )
+        except Exception as exc:
+            report.failed += 1
+            logger.warning("completer: %s/%s/%s failed again: %s", tenant_id, scope, key, exc)
+            line = f"failed again: {exc}"
+        else:
+            if result.outcome is Outcome.EXECUTED and result.verdict is not Verdict.UNSTORED:
+                report.completed += 1
+                line = f"completed with {result.value.status_code}"  # type: ignore[union-attr]
+            elif result.outcome is Outcome.EXECUTED:
+                report.failed += 1
+                line = f"failed again with {result.value.status_code}"  # type: ignore[union-attr]
+            else:
+                report.skipped += 1
+                line = f"skipped ({result.outcome.value})"
+        if progress:
+            progress(f"tenant {tenant_id} scope {scope} key {key!r}: {line}")
+    report.seconds = time.monotonic() - started
+    return report

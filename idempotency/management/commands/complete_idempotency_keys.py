@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from idempotency.completer import complete_abandoned_keys
+from idempotency.reaper import ReaperRefused
+
+
+def non_negative(value: str) -> float:
+    number = float(value)
+    if number < 0:
+        raise ValueError
+    return number
+
+
+def positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise ValueError
+    return number
+
+
+class Command(BaseCommand):
+    help = (
+        "Finish phases-mode requests that clients abandoned: pending keys of completable "
+        "programs whose lease ran out and that nobody touched for a while."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--older-than", type=non_negative, default=None, metavar="SECONDS",
+            help='Untouched for at least this long (default: IDEMPOTENCY["COMPLETE_AFTER"]).',
+        )
+        parser.add_argument(
+            "--limit", type=positive_int, default=None,
+            help='At most this many keys (default: IDEMPOTENCY["COMPLETE_BATCH_SIZE"]).',
+        )
+        parser.add_argument(
+            "--database", default=None,
+            help='Alias that finds keys across tenants (default: TENANCY["SYSTEM_DATABASE"]).',
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        verbose = options["verbosity"] >= 2
+        older = options["older_than"]
+        try:
+            report = complete_abandoned_keys(
+                older_than=None if older is None else (0 if older == 0 else older),
+                limit=options["limit"],
+                using=options["database"],
+                progress=self.stdout.write if verbose else None,
+            )
+        except (ReaperRefused, ImproperlyConfigured, ValueError) as exc:
+            raise CommandError(str(exc)) from exc
+        self.stdout.write(
+            f"Found {report.found} abandoned keys: {report.completed} completed, "
+            f"{report.failed} failed again, {report.skipped} skipped ({report.seconds:.2f} s)."
+        )
+        if report.failed:
+            raise CommandError(f"{report.failed} keys failed again; they stay pending.")

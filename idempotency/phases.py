@@ -1,0 +1,503 @@
+"""Phases mode: idempotent requests that call systems outside the database.
+
+A payment capture cannot be one transaction: the gateway's charge is outside
+PostgreSQL. Following "atomic phases" and "recovery points", such a request
+is a small program of phases, each one transaction::
+
+    class Capture(Phases):
+        scope = "payment.capture"
+
+        def started(self, ctx):                    # local writes only
+            Payment.objects.create(tenant_id=ctx.tenant_id, order_id=ctx.kwargs["pk"], ...)
+            return RecoveryPoint("payment_created")
+
+        def payment_created(self, ctx):            # one foreign call per phase
+            charge = gateway.charge(amount, idempotency_key=ctx.foreign_key("charge"))
+            if charge.declined:
+                return Finish(402, {"detail": "card declined"})   # definitive: stored
+            Payment.objects.filter(...).update(charge_id=charge.id)
+            return RecoveryPoint("charged", charge_id=charge.id)
+
+        def charged(self, ctx):
+            publish("payment.captured", {...})     # the receipt goes through the outbox
+            return Finish(201, {"charge": ctx.state["charge_id"]})
+
+How a request goes:
+
+1. **Claim**, committed on its own: the key row is inserted ``pending`` with
+   a lease (``locked_until``, by the database clock) and a fencing token
+   (``lease_token``). A retry of a pending key whose lease has run out takes
+   it over: the token goes up by one and the request resumes at the stored
+   recovery point, with the stored ``ctx.state``.
+2. **Phases**: the method named by the recovery point runs inside
+   ``tenant_context`` (one transaction). Its return value commits with its
+   writes: :class:`RecoveryPoint` moves on, :class:`Finish` stores the final
+   answer. Each commit is a compare-and-set on the fencing token, so an owner
+   whose lease was taken over cannot commit a phase, or an answer, over the
+   new owner's: its transaction is rolled back (:class:`LeaseLost`).
+3. **Failures**: an exception, or :class:`Retry`, is transient: the phase
+   rolls back, the lease is released at once, nothing final is stored, and
+   the retry resumes at the same recovery point. A definitive failure is a
+   :class:`Finish` with a 4xx: stored and replayed like any final answer.
+
+Foreign calls take ``ctx.foreign_key(name)``: stable across retries and
+crashes of this request, different for every tenant, scope, key (and for a
+key reused after it expired), so the foreign system de-duplicates for us.
+
+Pending keys never expire into "new": only a finished key is replaced after
+its TTL. Abandoned pending keys are finished by the completer
+(:mod:`idempotency.completer`) for programs with ``completable = True``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, ClassVar
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import DEFAULT_DB_ALIAS, connections
+
+from idempotency.conf import as_timedelta, idempotency_settings
+from idempotency.core import (
+    IdempotentRequest,
+    Outcome,
+    Result,
+    StoredResponse,
+    Verdict,
+    answer_from_row,
+    classify,
+)
+from tenancy import tenant_context
+
+#: The recovery point of a claimed request that has run no phase yet.
+STARTED = "started"
+
+_registry: dict[str, type[Phases]] = {}
+
+
+@dataclass(frozen=True)
+class RecoveryPoint:
+    """Returned by a phase: commit its writes and go on at ``name``.
+
+    Keyword arguments are merged into ``ctx.state`` (JSON), committed with
+    the phase, and available to later phases, retries and the completer.
+    """
+
+    name: str
+    state: dict[str, Any] = field(default_factory=dict)
+
+    def __init__(self, name: str, **state: Any) -> None:
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "state", state)
+
+
+@dataclass(frozen=True)
+class Finish:
+    """Returned by a phase: the request's answer.
+
+    A 2xx/3xx or final 4xx is stored with the key and replayed; a 5xx (or a
+    status in ``UNSTORED_STATUS_CODES``) is answered but treated as
+    transient, like :class:`Retry`. ``data`` is rendered as JSON.
+    """
+
+    status: int
+    data: Any = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    def to_stored(self) -> StoredResponse:
+        headers: list[tuple[str, str]] = []
+        body = b""
+        if self.data is not None:
+            body = json.dumps(self.data, cls=DjangoJSONEncoder, separators=(",", ":")).encode()
+            headers.append(("Content-Type", "application/json"))
+        headers.extend((k, v) for k, v in self.headers.items() if k.lower() != "content-type")
+        return StoredResponse(self.status, body, tuple(headers))
+
+
+class Retry(Exception):  # noqa: N818 - reads as the instruction it is
+    """Raise in a phase to declare a transient failure (e.g. a gateway timeout).
+
+    The phase rolls back, the lease is released, nothing final is stored, and
+    the client gets ``status`` (503 by default) with ``Retry-After``; its
+    retry resumes at the same recovery point.
+    """
+
+    def __init__(self, detail: str = "Temporarily unavailable; retry.", *, status: int = 503,
+                 retry_after: int | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.status = status
+        self.retry_after = retry_after
+
+    def to_stored(self) -> StoredResponse:
+        body = {"type": "about:blank", "status": self.status, "detail": self.detail,
+                "code": "retry"}
+        after = self.retry_after or idempotency_settings.RETRY_AFTER
+        return StoredResponse(
+            self.status,
+            json.dumps(body, separators=(",", ":")).encode(),
+            (("Content-Type", "application/problem+json"), ("Retry-After", str(after))),
+        )
+
+
+class LeaseLost(Exception):  # noqa: N818
+    """This request's lease was taken over: its phase was rolled back."""
+
+
+class UnknownRecoveryPoint(Exception):  # noqa: N818
+    """A program has no phase for a stored recovery point (a deploy renamed one?)."""
+
+
+@dataclass
+class PhaseContext:
+    """What a phase knows about its request.
+
+    Attributes:
+        tenant_id, scope, key: the idempotency key.
+        data: the parsed request body, as JSON (files as their digests).
+        kwargs: the URL keyword arguments of the view.
+        principal: who asked (see ``get_idempotency_principal``).
+        state: JSON dict carried from phase to phase (see :class:`RecoveryPoint`).
+        recovery_point: the phase being run.
+        attempt: the fencing token of this run (1 for the first claim).
+    """
+
+    tenant_id: int
+    scope: str
+    key: str
+    data: Any
+    kwargs: dict[str, Any]
+    principal: str
+    state: dict[str, Any]
+    recovery_point: str
+    attempt: int
+    request_id: str
+
+    def foreign_key(self, name: str = "") -> str:
+        """An idempotency key for a foreign call, stable across retries.
+
+        Derived from this request's identity (a UUID drawn when the key was
+        first claimed) and ``name``, so two foreign calls of one request, or
+        the same call of two requests, never share a key.
+        """
+        digest = hashlib.sha256(f"{self.request_id}\x1f{name}".encode()).hexdigest()
+        return f"idem_{digest[:40]}"
+
+
+class Phases:
+    """Base class of a phases program: one method per recovery point.
+
+    Class attributes:
+        scope: the operation; keys are unique per tenant and scope.
+        first: the recovery point of a new request (``"started"``).
+        lease: how long a run owns the key before a retry may take over
+            (timedelta or seconds; ``IDEMPOTENCY["LEASE"]`` by default). A
+            phase longer than the lease can be taken over mid-way; its commit
+            is then refused.
+        ttl: how long the final answer is replayed (``IDEMPOTENCY["TTL"]``).
+        completable: let the completer finish requests abandoned by clients.
+    """
+
+    scope: ClassVar[str] = ""
+    first: ClassVar[str] = STARTED
+    lease: ClassVar[timedelta | int | float | None] = None
+    ttl: ClassVar[timedelta | int | None] = None
+    completable: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.scope:
+            _registry[cls.scope] = cls
+
+    def phase(self, name: str) -> Callable[[PhaseContext], Any]:
+        method = getattr(self, name, None)
+        if name.startswith("_") or not callable(method) or name in _RESERVED:
+            raise UnknownRecoveryPoint(
+                f"{type(self).__qualname__} has no phase for recovery point {name!r}"
+            )
+        return method  # type: ignore[no-any-return]
+
+
+_RESERVED = frozenset(dir(Phases))
+
+
+def program_for(scope: str) -> type[Phases] | None:
+    """The program class registered for ``scope`` (by subclassing :class:`Phases`)."""
+    return _registry.get(scope)
+
+
+def completable_scopes() -> list[str]:
+    """Scopes whose programs the completer may finish."""
+    return sorted(scope for scope, program in _registry.items() if program.completable)
+
+
+def lease_of(program: type[Phases]) -> timedelta:
+    value = program.lease if program.lease is not None else idempotency_settings.LEASE
+    return as_timedelta(value, f"{program.__qualname__}.lease")
+
+
+_LOOKUP = """
+SELECT k.state, k.request_hash, k.status_code, k.response, k.response_headers,
+       k.state = 'pending' OR k.expires_at > now(),
+       coalesce(k.locked_until > clock_timestamp(), false),
+       k.recovery_point, k.phase_state, k.lease_token, k.request_id::text
+  FROM (SELECT 1) AS one
+  LEFT JOIN idempotency_keys AS k ON k.tenant_id = %s AND k.scope = %s AND k.key = %s
+"""
+
+_CLAIM_NEW = """
+INSERT INTO idempotency_keys AS k
+       (tenant_id, scope, key, request_hash, request_method, request_path, state,
+        recovery_point, phase_state, request_data, request_id, lease_token, locked_until,
+        created_at, updated_at, expires_at)
+VALUES (%s, %s, %s, %s, %s, %s, 'pending', %s, '{}', %s::jsonb, gen_random_uuid(), 1,
+        clock_timestamp() + %s, now(), now(), now() + %s)
+ON CONFLICT (tenant_id, scope, key) DO UPDATE
+   SET request_hash = excluded.request_hash, request_method = excluded.request_method,
+       request_path = excluded.request_path, state = 'pending', status_code = NULL,
+       response = NULL, response_headers = NULL, completed_at = NULL,
+       recovery_point = excluded.recovery_point, phase_state = '{}',
+       request_data = excluded.request_data, request_id = excluded.request_id,
+       lease_token = k.lease_token + 1, locked_until = excluded.locked_until,
+       created_at = now(), updated_at = now(), expires_at = excluded.expires_at
+ WHERE k.state <> 'pending' AND k.expires_at <= now()
+RETURNING lease_token, recovery_point, phase_state, request_id::text
+"""
+
+_TAKE_OVER = """
+UPDATE idempotency_keys
+   SET lease_token = lease_token + 1, locked_until = clock_timestamp() + %s, updated_at = now()
+ WHERE tenant_id = %s AND scope = %s AND key = %s AND state = 'pending'
+   AND lease_token = %s AND (locked_until IS NULL OR locked_until <= clock_timestamp())
+RETURNING lease_token, recovery_point, phase_state, request_id::text
+"""
+
+_ADVANCE = """
+UPDATE idempotency_keys
+   SET recovery_point = %s, phase_state = %s::jsonb,
+       locked_until = clock_timestamp() + %s, updated_at = now()
+ WHERE tenant_id = %s AND scope = %s AND key = %s AND state = 'pending' AND lease_token = %s
+"""
+
+_FINISH = """
+UPDATE idempotency_keys
+   SET state = %s, status_code = %s, response = %s, response_headers = %s::jsonb,
+       recovery_point = 'finished', phase_state = %s::jsonb, locked_until = NULL,
+       completed_at = clock_timestamp(), updated_at = now(), expires_at = now() + %s
+ WHERE tenant_id = %s AND scope = %s AND key = %s AND state = 'pending' AND lease_token = %s
+"""
+
+_RELEASE = """
+UPDATE idempotency_keys SET locked_until = NULL, updated_at = now()
+ WHERE tenant_id = %s AND scope = %s AND key = %s AND state = 'pending' AND lease_token = %s
+"""
+
+
+@dataclass
+class _Claim:
+    token: int
+    recovery_point: str
+    state: dict[str, Any]
+    request_id: str
+
+
+def load_json(value: Any) -> Any:
+    """A jsonb value from a raw cursor (Django leaves it undecoded there)."""
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def execute(
+    program: type[Phases],
+    request: IdempotentRequest,
+    *,
+    data: Any = None,
+    kwargs: Mapping[str, Any] | None = None,
+    principal: str = "",
+    on_exception: Callable[[Exception], StoredResponse | None] | None = None,
+    wait: float | None = None,
+    using: str | None = None,
+) -> Result[StoredResponse]:
+    """Run ``program`` for ``request`` from its last recovery point, or answer from the key.
+
+    Args:
+        program: the :class:`Phases` subclass.
+        request: the key and the request's fingerprint (``request.scope``
+            should be ``program.scope``).
+        data, kwargs, principal: what the phases see in ``ctx``; stored with
+            the key so that a retry after a crash, or the completer, sees the
+            same (``data`` must be JSON-serialisable).
+        on_exception: turns an exception raised by a phase into an answer
+            (e.g. DRF's ``ValidationError`` into its 400), or returns None to
+            treat it as transient and re-raise it. Answers are then stored or
+            not by their status, like :class:`Finish`.
+        wait: seconds to wait for a run in flight (``IN_PROGRESS_WAIT``).
+        using: the app database alias.
+
+    Returns:
+        A :class:`~idempotency.core.Result` whose ``value`` (when executed) and
+        ``stored`` (when replayed) are :class:`StoredResponse` objects.
+    """
+    alias = using or DEFAULT_DB_ALIAS
+    if connections[alias].in_atomic_block:
+        raise RuntimeError(
+            "Phases mode commits the key before the work and each phase on its own; it "
+            "cannot run inside transaction.atomic() (with ATOMIC_REQUESTS, mark the view "
+            "with django.db.transaction.non_atomic_requests)."
+        )
+    lease = lease_of(program)
+    ttl = request.ttl or as_timedelta(
+        program.ttl if program.ttl is not None else idempotency_settings.TTL, "ttl"
+    )
+    wait = idempotency_settings.IN_PROGRESS_WAIT if wait is None else wait
+    deadline = time.monotonic() + wait
+    pause = 0.01
+    stored_data = {"data": data, "kwargs": dict(kwargs or {}), "principal": principal}
+    while True:
+        claim_or_result = _claim(request, program, stored_data, lease, ttl, alias)
+        if isinstance(claim_or_result, _Claim):
+            break
+        if claim_or_result.outcome is Outcome.IN_PROGRESS and time.monotonic() < deadline:
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(pause * 2, 0.2)
+            continue
+        return claim_or_result
+    claim = claim_or_result
+    ctx = PhaseContext(
+        tenant_id=request.tenant_id,
+        scope=request.scope,
+        key=request.key,
+        data=data,
+        kwargs=dict(kwargs or {}),
+        principal=principal,
+        state=claim.state,
+        recovery_point=claim.recovery_point,
+        attempt=claim.token,
+        request_id=claim.request_id,
+    )
+    return _run(program(), ctx, request, claim.token, lease, ttl, alias, on_exception)
+
+
+def _claim(
+    request: IdempotentRequest,
+    program: type[Phases],
+    stored_data: dict[str, Any],
+    lease: timedelta,
+    ttl: timedelta,
+    alias: str,
+) -> _Claim | Result[StoredResponse]:
+    where: list[Any] = [request.tenant_id, request.scope, request.key]
+    for _ in range(2):  # a second look when another request claimed the key first
+        with tenant_context(request.tenant_id, using=alias), connections[alias].cursor() as cur:
+            cur.execute(_LOOKUP, where)
+            (state, request_hash, status, body, headers, live, leased,
+             _point, _state, token, _request_id) = cur.fetchone()
+            if live and request_hash != request.fingerprint:
+                return Result(Outcome.MISMATCH)
+            if live and state != "pending":
+                return answer_from_row(request, state, request_hash, status, body, headers)
+            if live and leased:
+                return Result(Outcome.IN_PROGRESS)
+            params: list[Any]
+            if live:
+                params = [lease, *where, token]
+                cur.execute(_TAKE_OVER, params)
+            else:
+                params = [*where, request.fingerprint, request.method[:10], request.path,
+                          program.first, json.dumps(stored_data, cls=DjangoJSONEncoder),
+                          lease, ttl]
+                cur.execute(_CLAIM_NEW, params)
+            row = cur.fetchone()
+        if row is not None:
+            return _Claim(row[0], row[1], load_json(row[2]) or {}, row[3])
+    return Result(Outcome.IN_PROGRESS)
+
+
+def _run(
+    program: Phases,
+    ctx: PhaseContext,
+    request: IdempotentRequest,
+    token: int,
+    lease: timedelta,
+    ttl: timedelta,
+    alias: str,
+    on_exception: Callable[[Exception], StoredResponse | None] | None,
+) -> Result[StoredResponse]:
+    where: list[Any] = [request.tenant_id, request.scope, request.key]
+    while True:
+        try:
+            with tenant_context(request.tenant_id, using=alias):
+                try:
+                    outcome = program.phase(ctx.recovery_point)(ctx)
+                except Retry as exc:
+                    outcome = exc.to_stored()
+                except Exception as exc:
+                    converted = on_exception(exc) if on_exception else None
+                    if converted is None:
+                        raise
+                    outcome = converted
+                if isinstance(outcome, RecoveryPoint):
+                    ctx.state = {**ctx.state, **outcome.state}
+                    _cas(alias, _ADVANCE, [outcome.name, _dumps(ctx.state), lease, *where, token])
+                    ctx.recovery_point = outcome.name
+                    continue
+                if isinstance(outcome, Finish):
+                    outcome = outcome.to_stored()
+                if not isinstance(outcome, StoredResponse):
+                    raise TypeError(
+                        f"phase {ctx.recovery_point!r} of {type(program).__qualname__} returned "
+                        f"{outcome!r}; expected RecoveryPoint or Finish"
+                    )
+                verdict = classify(outcome.status_code)
+                if verdict is Verdict.UNSTORED:
+                    raise _Transient(outcome)
+                _cas(
+                    alias,
+                    _FINISH,
+                    [verdict.value, outcome.status_code, outcome.body,
+                     json.dumps([list(h) for h in outcome.headers]), _dumps(ctx.state), ttl,
+                     *where, token],
+                )
+                return Result(Outcome.EXECUTED, value=outcome, stored=outcome, verdict=verdict)
+        except LeaseLost:
+            return Result(Outcome.IN_PROGRESS)
+        except _Transient as transient:
+            _release(alias, where, token)
+            return Result(Outcome.EXECUTED, value=transient.response, verdict=Verdict.UNSTORED)
+        except BaseException:
+            _release(alias, where, token)
+            raise
+
+
+class _Transient(Exception):
+    def __init__(self, response: StoredResponse) -> None:
+        super().__init__(response.status_code)
+        self.response = response
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, cls=DjangoJSONEncoder)
+
+
+def _cas(alias: str, sql: str, params: list[Any]) -> None:
+    with connections[alias].cursor() as cursor:
+        cursor.execute(sql, params)
+        if cursor.rowcount != 1:
+            raise LeaseLost
+
+
+def _release(alias: str, where: list[Any], token: int) -> None:
+    """Let a retry resume at once; a no-op if the lease was already taken over."""
+    try:
+        with tenant_context(where[0], using=alias), connections[alias].cursor() as cursor:
+            cursor.execute(_RELEASE, [*where, token])
+    except Exception:  # the original failure matters more; the lease will expire
+        import logging
+
+        logging.getLogger("idempotency").warning(
+            "could not release the lease of %s/%s/%s", *where, exc_info=True
+        )
