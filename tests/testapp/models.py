@@ -25,3 +25,18 @@ class PlainOrder(models.Model):
 
     class Meta:
         db_table = "testapp_plain_order"
+
+
+class Payment(models.Model):
+    """A local payment row of the phases-mode capture (tests/testapp/payments.py)."""
+
+    tenant_isolated = True
+
+    tenant_id = models.BigIntegerField()
+    order_ref = models.CharField(max_length=50)
+    amount = models.IntegerField()
+    charge_id = models.CharField(max_length=50, null=True)
+
+    class Meta:
+        db_table = "testapp_payment"
+        indexes = [models.Index(fields=["tenant_id", "order_ref"], name="testapp_payment_order")]

@@ -15,4 +15,5 @@ urlpatterns = [
     path("plain-orders/", views.PlainOrderViewSet.as_view(create)),
     path("tenant-orders/", views.TenantOrderViewSet.as_view(create)),
     path("django-orders/", views.plain_django_create),
+    path("payments/<str:order>/capture/", views.CaptureView.as_view()),
 ]

@@ -14,6 +14,7 @@ from idempotency import IdempotentViewMixin, idempotent
 from tenancy import current_tenant_id, tenant_context
 from tenancy.resolver import resolve_tenant
 from tests.testapp.models import Order, PlainOrder
+from tests.testapp.payments import CapturePayment
 
 
 class PaymentDeclined(APIException):
@@ -143,3 +144,12 @@ def plain_django_create(request):
     if data.get("then") == "raise":
         raise RuntimeError("boom")
     return JsonResponse({"id": order.id}, status=201)
+
+
+class CaptureView(IdempotentViewMixin, APIView):
+    """Phases mode: the program answers; this method only routes the request."""
+
+    idempotency_phases = CapturePayment
+
+    def post(self, request, order):
+        raise AssertionError("phases views run their program, not this method")

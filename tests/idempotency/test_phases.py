@@ -1,0 +1,238 @@
+"""Phases mode: a payment capture against a gateway that counts its charges.
+
+Every crash boundary, by exception and by SIGKILL, ends after a retry with
+exactly one charge at the gateway, one local payment row, one stored answer.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import requests
+
+from idempotency import phases
+from idempotency.core import IdempotentRequest, Outcome
+from tests.helpers import count_rows, observer
+from tests.testapp.payments import CapturePayment
+
+BOUNDARIES = ["after_key_insert", "in_local_phase", "after_local_phase", "after_gateway",
+              "before_response"]
+
+
+def capture(client, key="cap-1", order="A1", amount=1000, user="alice"):
+    return client.post(
+        f"/payments/{order}/capture/", {"amount": amount}, format="json",
+        headers={"X-User": user, "Idempotency-Key": key},
+    )
+
+
+def key_row(key="cap-1"):
+    with observer() as conn:
+        return conn.execute(
+            "SELECT state, status_code, recovery_point, lease_token, locked_until IS NOT NULL"
+            " FROM idempotency_keys WHERE key = %s", [key],
+        ).fetchone()
+
+
+def assert_exactly_once(gateway, key="cap-1"):
+    assert gateway.stats()["charges"] == 1
+    assert count_rows("testapp_payment") == 1
+    assert count_rows("testapp_payment", "charge_id IS NOT NULL") == 1
+    assert key_row(key)[:2] == ("completed", 201)
+    assert count_rows("outbox_messages", "topic = 'payment.captured'") == 1
+
+
+def test_a_capture_runs_its_phases_once_and_replays(client, gateway):
+    first = capture(client)
+    assert first.status_code == 201, first.content
+    assert first["Location"].startswith("/payments/")
+    again = capture(client)
+    assert again.status_code == 201 and again.content == first.content
+    assert again["Idempotent-Replayed"] == "true"
+    assert_exactly_once(gateway)
+    assert key_row()[2] == "finished"
+
+
+@pytest.mark.parametrize("boundary", BOUNDARIES)
+def test_an_exception_at_every_boundary_then_a_retry_charges_once(client, gateway, crash,
+                                                                    boundary):
+    client.raise_request_exception = False
+    crash("raise", boundary)
+    failed = capture(client)
+    assert failed.status_code == 500
+    state, _, _, _, leased = key_row()
+    assert state == "pending" and not leased  # the lease was released at once
+    retry = capture(client)
+    assert retry.status_code == 201, retry.content
+    assert "Idempotent-Replayed" not in retry
+    assert_exactly_once(gateway)
+
+
+@pytest.mark.parametrize("boundary", BOUNDARIES)
+def test_a_worker_killed_at_every_boundary_then_a_retry_charges_once(payments_server, gateway,
+                                                                     crash, boundary):
+    crash("kill", boundary)
+    url = payments_server.url + "/payments/A1/capture/"
+    headers = {"X-User": "alice", "Idempotency-Key": "cap-1"}
+    with pytest.raises(requests.ConnectionError):
+        requests.post(url, json={"amount": 1000}, headers=headers, timeout=10)
+    assert key_row()[0] == "pending"  # committed first, and left leased by the dead worker
+    deadline = time.monotonic() + 20
+    while True:  # 409 until the dead worker's lease runs out, then the retry resumes
+        try:
+            retry = requests.post(url, json={"amount": 1000}, headers=headers, timeout=10)
+        except requests.ConnectionError:  # gunicorn is replacing the worker
+            retry = None
+        if retry is not None and retry.status_code != 409:
+            break
+        if retry is not None:
+            assert retry.headers["Retry-After"]
+        assert time.monotonic() < deadline, "the lease never ran out"
+        time.sleep(0.2)
+    assert retry.status_code == 201, retry.text
+    assert_exactly_once(gateway)
+
+
+def test_a_duplicate_during_a_running_phase_gets_409_with_retry_after(gateway):
+    from rest_framework.test import APIClient
+
+    from django.db import connections
+
+    gateway.control(delay=1.0)
+    answers = {}
+
+    def first():
+        answers["first"] = capture(APIClient())
+        connections.close_all()
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    time.sleep(0.4)  # the charge phase is running
+    duplicate = capture(APIClient())
+    thread.join(10)
+    assert duplicate.status_code == 409
+    assert duplicate["Retry-After"] == "1"
+    assert duplicate.json()["code"] == "idempotency_key_in_progress"
+    assert answers["first"].status_code == 201
+    assert_exactly_once(gateway)
+
+
+def test_a_different_request_with_a_pending_key_is_422(client, gateway, crash):
+    client.raise_request_exception = False
+    crash("raise", "after_gateway")
+    assert capture(client).status_code == 500
+    assert capture(client, amount=999).status_code == 422
+    assert capture(client).status_code == 201
+    assert_exactly_once(gateway)
+
+
+def test_a_gateway_outage_is_transient_and_the_retry_resumes(client, gateway):
+    gateway.control(fail=1)
+    failed = capture(client)
+    assert failed.status_code == 503 and failed["Retry-After"]
+    assert key_row()[:3] == ("pending", None, "payment_created")
+    assert count_rows("testapp_payment") == 1  # the local phase stays committed
+    retry = capture(client)
+    assert retry.status_code == 201
+    assert_exactly_once(gateway)
+
+
+def test_a_declined_card_is_final_stored_and_replayed(client, gateway):
+    gateway.control(decline=True)
+    declined = capture(client)
+    assert declined.status_code == 402
+    assert declined.json()["code"] == "card_declined"
+    gateway.control(decline=False)
+    again = capture(client)
+    assert again.status_code == 402 and again["Idempotent-Replayed"] == "true"
+    assert gateway.stats()["charges"] == 0
+    assert key_row()[:3] == ("failed", 402, "finished")
+
+
+def test_a_validation_error_from_drf_in_a_phase_is_a_final_400(client, gateway):
+    invalid = capture(client, amount=0)
+    assert invalid.status_code == 400
+    assert "amount" in invalid.json()
+    again = capture(client, amount=0)
+    assert again.status_code == 400 and again["Idempotent-Replayed"] == "true"
+    assert key_row()[:3] == ("failed", 400, "finished")
+    assert count_rows("testapp_payment") == 0 and gateway.stats()["calls"] == 0
+
+
+def run_program(key="cap-1", **kwargs):
+    request = IdempotentRequest(tenant_id=1, scope=CapturePayment.scope, key=key,
+                                fingerprint="f" * 64, method="POST", path="/x")
+    return phases.execute(CapturePayment, request, data={"amount": 1000},
+                          kwargs={"order": "A1"}, principal="test", **kwargs)
+
+
+def test_fencing_a_stale_owner_cannot_commit_over_the_new_owner(gateway, monkeypatch):
+    from django.db import connections
+
+    stall = threading.Event()
+    original = CapturePayment.payment_created
+    owners = []
+
+    def stalling(self, ctx):
+        owners.append(ctx.attempt)
+        result = original(self, ctx)
+        if ctx.attempt == 1:
+            stall.wait(10)  # owner 1 stalls past its lease, after the gateway answered
+        return result
+
+    monkeypatch.setattr(CapturePayment, "payment_created", stalling)
+    monkeypatch.setattr(CapturePayment, "lease", 0.5)
+    results = {}
+
+    def owner_one():
+        results[1] = run_program()
+        connections.close_all()
+
+    thread = threading.Thread(target=owner_one)
+    thread.start()
+    time.sleep(1.0)  # owner 1's lease has run out
+    results[2] = run_program()  # owner 2 takes over and finishes
+    stall.set()
+    thread.join(10)
+    assert owners == [1, 2]
+    assert results[2].outcome is Outcome.EXECUTED and results[2].value.status_code == 201
+    assert results[1].outcome is Outcome.IN_PROGRESS  # its late commit was refused
+    assert gateway.stats() == {"charges": 1, "calls": 2, "keys": 1}  # one derived key
+    with observer() as conn:
+        state, token, response = conn.execute(
+            "SELECT state, lease_token, response FROM idempotency_keys").fetchone()
+    assert (state, token) == ("completed", 2)
+    assert response == results[2].value.body
+    assert count_rows("testapp_payment") == 1
+
+
+def test_foreign_keys_are_stable_across_retries_and_unique_per_request(client, gateway, crash):
+    client.raise_request_exception = False
+    crash("raise", "after_gateway")
+    capture(client, key="k-a")
+    capture(client, key="k-a")
+    capture(client, key="k-b")
+    capture(client, key="k-a", user="bob")  # another tenant, same key
+    stats = gateway.stats()
+    assert stats["calls"] == 4 and stats["keys"] == 3 and stats["charges"] == 3
+
+
+def test_phases_refuse_to_run_inside_an_atomic_block(gateway):
+    from django.db import transaction
+
+    with pytest.raises(RuntimeError, match="non_atomic_requests"), transaction.atomic():
+        run_program()
+
+
+def test_an_unknown_recovery_point_is_a_clear_error(gateway):
+    with observer() as conn:
+        conn.execute(
+            "INSERT INTO idempotency_keys (tenant_id, scope, key, request_hash, request_method,"
+            " request_path, state, recovery_point, expires_at, request_id)"
+            " VALUES (1, 'payment.capture', 'cap-1', %s, 'POST', '/x', 'pending', 'renamed',"
+            " now() + interval '1 day', gen_random_uuid())", ["f" * 64])
+    with pytest.raises(phases.UnknownRecoveryPoint, match="renamed"):
+        run_program()
+    assert key_row()[0] == "pending"

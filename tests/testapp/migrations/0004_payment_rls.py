@@ -1,0 +1,9 @@
+from django.db import migrations
+
+from tenancy.sqlfiles import RunSQLFile
+
+
+class Migration(migrations.Migration):
+    dependencies = [("testapp", "0003_payment")]
+
+    operations = [RunSQLFile("tests.testapp", "0004_payment_rls.sql")]
