@@ -60,3 +60,37 @@ class IdempotencyKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant_id}/{self.scope}/{self.key} ({self.state})"
+
+
+class IdempotencyKeyRecord(models.Model):
+    """The keys as the admin lists them (read-only, every tenant).
+
+    Django 5.2's admin cannot register a model with a composite primary key,
+    so this unmanaged model maps the same table with ``key`` standing in as
+    the primary key. It is not unique across tenants and scopes, so the admin
+    only lists rows: there is no page per row.
+    """
+
+    tenant_id = models.BigIntegerField()
+    scope = models.CharField(max_length=200)
+    key = models.CharField(max_length=255, primary_key=True)
+    request_method = models.CharField(max_length=10)
+    request_path = models.TextField()
+    state = models.CharField(max_length=16, choices=IdempotencyKey.State.choices)
+    status_code = models.SmallIntegerField(null=True)
+    recovery_point = models.CharField(max_length=100)
+    lease_token = models.BigIntegerField()
+    locked_until = models.DateTimeField(null=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField(null=True)
+    completed_at = models.DateTimeField(null=True)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        managed = False
+        db_table = "idempotency_keys"
+        verbose_name = "idempotency key"
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}/{self.scope}/{self.key} ({self.state})"

@@ -96,9 +96,8 @@ def test_a_worker_killed_at_every_boundary_then_a_retry_charges_once(payments_se
 
 
 def test_a_duplicate_during_a_running_phase_gets_409_with_retry_after(gateway):
-    from rest_framework.test import APIClient
-
     from django.db import connections
+    from rest_framework.test import APIClient
 
     gateway.control(delay=1.0)
     answers = {}

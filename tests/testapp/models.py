@@ -35,7 +35,7 @@ class Payment(models.Model):
     tenant_id = models.BigIntegerField()
     order_ref = models.CharField(max_length=50)
     amount = models.IntegerField()
-    charge_id = models.CharField(max_length=50, null=True)
+    charge_id = models.CharField(max_length=50, null=True)  # noqa: DJ001 - NULL until charged
 
     class Meta:
         db_table = "testapp_payment"

@@ -1,3 +1,4 @@
+from django.contrib import admin
 from django.urls import path
 
 from tests.testapp import views
@@ -5,6 +6,7 @@ from tests.testapp import views
 create = {"post": "create"}
 
 urlpatterns = [
+    path("admin/", admin.site.urls),
     path("orders/", views.OrderViewSet.as_view(create)),
     path("v2/orders/", views.OrderViewSet.as_view(create)),
     path("orders-waiting/", views.OrderWaitingViewSet.as_view(create)),

@@ -1,0 +1,88 @@
+"""A read-only admin list of idempotency keys, across tenants.
+
+Rows are read through the system alias (``TENANCY["SYSTEM_DATABASE"]``), so
+the web process must have it configured; the app alias, confined by
+row-level security, would show no rows outside a tenant context. Staff with
+the view permission see every tenant's keys: grant it accordingly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import Q, QuerySet
+from django.db.models.functions import Now
+from django.http import HttpRequest
+
+from idempotency.conf import as_timedelta, idempotency_settings
+from idempotency.models import IdempotencyKeyRecord
+from tenancy.conf import tenancy_settings
+
+
+def stuck_condition() -> Q:
+    """Pending, nothing working on it (no live lease), older than ``STUCK_AFTER``."""
+    after = as_timedelta(idempotency_settings.STUCK_AFTER, 'IDEMPOTENCY["STUCK_AFTER"]')
+    return (
+        Q(state="pending")
+        & (Q(locked_until__isnull=True) | Q(locked_until__lte=Now()))
+        & Q(created_at__lt=Now() - after)
+    )
+
+
+class StuckFilter(admin.SimpleListFilter):
+    title = "stuck"
+    parameter_name = "stuck"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "Stuck unfinished"), ("no", "Not stuck")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        if self.value() == "yes":
+            return queryset.filter(stuck_condition())
+        if self.value() == "no":
+            return queryset.exclude(stuck_condition())
+        return None
+
+
+class ExpiredFilter(admin.SimpleListFilter):
+    title = "expired"
+    parameter_name = "expired"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "Expired"), ("no", "Live")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        if self.value() == "yes":
+            return queryset.filter(expires_at__lte=Now())
+        if self.value() == "no":
+            return queryset.filter(expires_at__gt=Now())
+        return None
+
+
+@admin.register(IdempotencyKeyRecord)
+class IdempotencyKeyAdmin(admin.ModelAdmin):
+    list_display = [
+        "tenant_id", "scope", "key", "state", "status_code", "recovery_point",
+        "request_method", "request_path", "created_at", "expires_at", "locked_until",
+    ]
+    list_filter = ["state", StuckFilter, ExpiredFilter, "scope"]
+    search_fields = ["key", "scope", "request_path"]
+    list_display_links = None  # no page per row: key alone does not identify one
+    actions = None
+    show_full_result_count = False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return super().get_queryset(request).using(tenancy_settings.SYSTEM_DATABASE)
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> None:
+        return None
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
