@@ -235,3 +235,14 @@ def test_an_unknown_recovery_point_is_a_clear_error(gateway):
     with pytest.raises(phases.UnknownRecoveryPoint, match="renamed"):
         run_program()
     assert key_row()[0] == "pending"
+
+
+def test_a_pending_key_past_its_ttl_resumes_instead_of_starting_over(client, gateway, crash):
+    client.raise_request_exception = False
+    crash("raise", "after_gateway")
+    assert capture(client).status_code == 500
+    with observer() as conn:
+        conn.execute("UPDATE idempotency_keys SET expires_at = now() - interval '1 second'")
+    retry = capture(client)
+    assert retry.status_code == 201
+    assert_exactly_once(gateway)  # resumed at payment_created: no second payment row
