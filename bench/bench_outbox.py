@@ -101,10 +101,31 @@ def backlog(count: int, chunk: int = 50_000) -> None:
                 "INSERT INTO outbox_messages (tenant_id, message_id, topic, key, payload)"
                 " SELECT (g %% %s) + 1, gen_random_uuid(), 'bench.noop', 'order:' || (g %% 5000),"
                 "        jsonb_build_object('n', g, 'sku', 'sku-' || g, 'quantity', 1)"
-                "   FROM generate_series(%s, %s) AS g",
+                "   FROM generate_series(%s::bigint, %s::bigint) AS g",
                 [TENANTS, start, start + n - 1],
             )
         conn.execute("VACUUM ANALYZE outbox_messages")
+    wait_for_fence()
+
+
+def wait_for_fence(timeout: float = 60.0) -> None:
+    """Wait until every inserted message is below the readers' fence.
+
+    A transaction running anywhere on the server (another test run, an
+    autovacuum ANALYZE) holds the fence back; a timed run must not start
+    before the backlog is readable.
+    """
+    deadline = time.monotonic() + timeout
+    with observer() as conn:
+        while time.monotonic() < deadline:
+            behind = conn.execute(
+                "SELECT coalesce(max(xid), '0'::xid8) >= pg_snapshot_xmin(pg_current_snapshot())"
+                "  FROM outbox_messages"
+            ).fetchone()[0]
+            if not behind:
+                return
+            time.sleep(0.05)
+    sys.exit("bench: a long transaction on the server holds the outbox fence back")
 
 
 def bench_relay(count: int) -> float:

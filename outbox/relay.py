@@ -35,7 +35,7 @@ from outbox.conf import outbox_settings, setting_seconds
 from outbox.consumers import require_cross_tenant_reader
 from outbox.loops import DATABASE_ERRORS, run_loop, stop_on_signals
 from outbox.publishing import wake_up
-from outbox.stream import read_batch
+from outbox.stream import Batch, Envelope, Message, read_batch, read_envelopes
 from outbox.transports import Transport, get_transport
 from tenancy.conf import tenancy_settings
 
@@ -129,11 +129,18 @@ class Relay:
         position = self._claim()
         if position is None:
             return False  # another relay holds the lease
-        batch = read_batch(self.alias, position, self.batch_size)
+        batch: Batch[Message] | Batch[Envelope]
+        if self.transport.reads_envelopes:  # PostgreSQL writes the JSON
+            batch = read_envelopes(self.alias, position, self.batch_size)
+        else:
+            batch = read_batch(self.alias, position, self.batch_size)
         if not batch.messages:
             return False
         try:
-            self.transport.send(batch.messages)
+            if self.transport.reads_envelopes:
+                self.transport.send_envelopes(batch.messages)  # type: ignore[arg-type]
+            else:
+                self.transport.send(batch.messages)  # type: ignore[arg-type]
         except DATABASE_ERRORS:
             raise
         except Exception as exc:

@@ -22,9 +22,9 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from django.db import connections
 
@@ -126,8 +126,68 @@ def row_to_message(row: Sequence[Any]) -> Message:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """A message as the relay reads it for a transport that sends JSON.
+
+    PostgreSQL builds the envelope (:meth:`Message.envelope`) as JSON text,
+    so the payload passes through the relay as text, never parsed and
+    serialised again. The JSON is the same envelope: the same keys in the
+    same order, ``created_at`` in UTC as ``datetime.isoformat()`` writes it;
+    only the spacing differs, and the payload is exactly what PostgreSQL
+    stored (numbers are not rounded through a Python float).
+
+    Attributes:
+        id, xid: the position of the message.
+        message_id: the message's UUID as text.
+        topic: its topic (transports route by it).
+        json: the envelope as JSON text.
+    """
+
+    id: int
+    xid: int
+    message_id: str
+    topic: str
+    json: str
+
+    @property
+    def position(self) -> tuple[int, int]:
+        return (self.xid, self.id)
+
+    def data(self) -> dict[str, Any]:
+        """The envelope as a dict, as :meth:`Message.envelope` returns it."""
+        return json.loads(self.json)  # type: ignore[no-any-return]
+
+    def message(self) -> Message:
+        """The :class:`Message` (payload and headers decoded)."""
+        return replace(Message.from_envelope(self.data()), xid=self.xid)
+
+    @classmethod
+    def of(cls, message: Message) -> Envelope:
+        return cls(message.id, message.xid, str(message.message_id), message.topic,
+                   json.dumps(message.envelope()))
+
+
+#: The envelope as PostgreSQL writes it: the keys of Message.envelope(), in
+#: its order; created_at in UTC, formatted as datetime.isoformat() does (no
+#: fraction when it is zero).
+ENVELOPE_JSON = """json_build_object(
+    'id', m.id, 'message_id', m.message_id, 'tenant_id', m.tenant_id, 'topic', m.topic,
+    'key', m.key, 'aggregate_type', m.aggregate_type, 'aggregate_id', m.aggregate_id,
+    'payload', m.payload, 'headers', coalesce(nullif(m.headers, 'null'::jsonb), '{}'::jsonb),
+    'created_at', to_char(m.created_at AT TIME ZONE 'UTC',
+        CASE WHEN extract(microseconds FROM m.created_at)::bigint %% 1000000 = 0
+             THEN 'YYYY-MM-DD"T"HH24:MI:SS"+00:00"'
+             ELSE 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"' END)
+)::text"""
+
+ENVELOPE_COLUMNS = "m.id, m.xid::text, m.message_id::text, m.topic, " + ENVELOPE_JSON
+
+M = TypeVar("M", Message, Envelope)
+
+
 @dataclass(frozen=True)
-class Batch:
+class Batch(Generic[M]):
     """Messages read in one statement, and the fence of that statement's snapshot.
 
     Attributes:
@@ -136,7 +196,7 @@ class Batch:
             smaller id had ended, so no message below it can still appear.
     """
 
-    messages: list[Message]
+    messages: list[M]
     fence: int
 
     @property
@@ -162,7 +222,7 @@ def read_batch(
     topics: Sequence[str] | None = None,
     partition: int = 0,
     partition_count: int = 1,
-) -> Batch:
+) -> Batch[Message]:
     """The next messages after ``after``, below the fence, in ``(xid, id)`` order.
 
     Run on the system alias (it sees every tenant) as a statement of its own,
@@ -176,6 +236,31 @@ def read_batch(
         topics: only these topics (None: all).
         partition, partition_count: only messages whose key hashes to ``partition``.
     """
+    columns = ", ".join(f"m.{c.strip()}" for c in COLUMNS.split(","))
+    fence, rows = _select(using, columns, after, limit, topics, partition, partition_count)
+    messages = [row_to_message(row) for row in rows]
+    messages.sort(key=lambda m: m.position)
+    return Batch(messages, fence)
+
+
+def read_envelopes(using: str, after: tuple[int, int], limit: int) -> Batch[Envelope]:
+    """As :func:`read_batch` (all topics, one partition), each message as an :class:`Envelope`."""
+    fence, rows = _select(using, ENVELOPE_COLUMNS, after, limit, None, 0, 1)
+    envelopes = [Envelope(row[0], int(row[1]), row[2], row[3], row[4]) for row in rows]
+    envelopes.sort(key=lambda e: e.position)
+    return Batch(envelopes, fence)
+
+
+def _select(
+    using: str,
+    columns: str,
+    after: tuple[int, int],
+    limit: int,
+    topics: Sequence[str] | None,
+    partition: int,
+    partition_count: int,
+) -> tuple[int, list[Sequence[Any]]]:
+    """The fence and the selected ``columns`` of the next rows (see :func:`read_batch`)."""
     where = ["(m.xid, m.id) > (%s::xid8, %s)", "m.xid < f.xmin"]
     params: list[Any] = [str(after[0]), after[1]]
     if topics is not None:
@@ -185,7 +270,6 @@ def read_batch(
         where.append(f"{PARTITION_OF} = %s")
         params += [partition_count, partition]
     params.append(limit)
-    columns = ", ".join(f"m.{c.strip()}" for c in COLUMNS.split(","))
     sql = f"""
         SELECT f.xmin::text, b.*
           FROM (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin) AS f
@@ -201,6 +285,4 @@ def read_batch(
         cursor.execute(sql, params)
         rows = cursor.fetchall()
     fence = int(rows[0][0])
-    messages = [row_to_message(row[1:]) for row in rows if row[1] is not None]
-    messages.sort(key=lambda m: m.position)
-    return Batch(messages, fence)
+    return fence, [row[1:] for row in rows if row[1] is not None]

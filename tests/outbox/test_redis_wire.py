@@ -1,0 +1,256 @@
+"""The Celery transport's Redis fast path writes what kombu would write.
+
+The relay reads each message as its envelope's JSON built by PostgreSQL
+(outbox.stream.Envelope) and, on kombu's Redis transport, pushes the whole
+batch with one LPUSH per list (outbox.transports._RedisWire). These tests hold
+it to the standard path: the same envelope, the same Redis message (but for
+kombu's random delivery tag), the same order, the same lists; and a real
+worker runs the tasks.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import sys
+import uuid
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from django.conf import settings as django_settings
+from kombu import Exchange, Queue
+
+from outbox.relay import Relay
+from outbox.stream import Envelope, read_batch, read_envelopes
+from outbox.transports import CeleryTransport, _RedisWire
+from tests.helpers import observer
+from tests.outbox.helpers import Process, effects, publish_as, publish_many, wait_for
+from tests.outbox.transports import DieAfterSend
+
+A, B = 1, 2
+SUBPROCESS_SETTINGS = {"DJANGO_SETTINGS_MODULE": "tests.outbox.settings"}
+
+PAYLOADS: list[Any] = [
+    {"sku": "a", "n": 1},
+    {"text": "déjà vu ✓ \u2028 \"quoted\" \\ back\nslash", "empty": {}, "list": [1, 2.5, None]},
+    {"big": 12345678901234567890, "float": 0.1, "neg": -3e-7, "bool": True},
+    [1, "two", {"three": 3}],
+    "a string payload",
+    None,
+]
+
+
+@pytest.fixture
+def queue(settings):
+    name = f"dio-outbox-wire-{uuid.uuid4().hex[:8]}"
+    settings.OUTBOX = {**settings.OUTBOX, "CELERY_QUEUE": name}
+    yield name
+    client = redis.Redis.from_url(django_settings.CELERY_BROKER_URL)
+    client.delete(name)
+    client.close()
+
+
+def raw_messages(key: str) -> list[dict[str, Any]]:
+    """The Redis list's messages, oldest first (the order BRPOP takes them)."""
+    client = redis.Redis.from_url(django_settings.CELERY_BROKER_URL)
+    try:
+        items = client.lrange(key, 0, -1)
+        client.delete(key)
+    finally:
+        client.close()
+    return [json.loads(item) for item in reversed(items)]
+
+
+def decoded(message: dict[str, Any]) -> dict[str, Any]:
+    """A Redis message with its body decoded and kombu's random delivery tag dropped."""
+    assert message["properties"]["body_encoding"] == "base64"
+    body = json.loads(base64.b64decode(message["body"]))
+    properties = {k: v for k, v in message["properties"].items() if k != "delivery_tag"}
+    return {**message, "body": body, "properties": properties}
+
+
+def standard_path(monkeypatch):
+    monkeypatch.setattr(_RedisWire, "for_producer", classmethod(lambda cls, producer: None))
+
+
+def test_postgresql_builds_the_envelope_the_relay_sent_before():
+    ids = [publish_as(A, "order.placed", p, key="k:1", aggregate_type="order",
+                      aggregate_id=7, headers={"trace": "t-1", "n": [1]}) for p in PAYLOADS]
+    ids.append(publish_as(B, "order.placed", {"x": 1}))
+    with observer() as conn:  # a whole second: isoformat() then writes no fraction
+        conn.execute("UPDATE outbox_messages SET created_at = date_trunc('second', created_at)"
+                     " WHERE message_id = %s", [ids[-1]])
+        conn.execute("UPDATE outbox_messages SET headers = 'null'::jsonb"
+                     " WHERE message_id = %s", [ids[0]])
+    wait_for(lambda: len(read_batch("system", (0, 0), 100).messages) == len(ids), "fenced")
+    messages = read_batch("system", (0, 0), 100).messages
+    envelopes = read_envelopes("system", (0, 0), 100).messages
+    assert [e.message_id for e in envelopes] == [str(i) for i in ids]
+    assert [e.position for e in envelopes] == [m.position for m in messages]
+    assert [e.topic for e in envelopes] == [m.topic for m in messages]
+    for envelope, message in zip(envelopes, messages, strict=True):
+        assert envelope.data() == message.envelope()
+        assert list(envelope.data()) == list(message.envelope())  # same key order
+        assert envelope.message() == message
+    assert "." not in envelopes[-1].data()["created_at"]
+
+
+def test_the_fast_path_writes_the_message_kombu_writes(queue, monkeypatch):
+    publish_many(A, "order.placed", [{"sku": f"s{i}", "p": p} for i, p in enumerate(PAYLOADS)])
+    wait_for(lambda: len(read_envelopes("system", (0, 0), 100).messages) == len(PAYLOADS),
+             "fenced")
+    envelopes = read_envelopes("system", (0, 0), 100).messages
+    messages = read_batch("system", (0, 0), 100).messages
+    sent = []
+    monkeypatch.setattr(_RedisWire, "send", _spy(_RedisWire.send, sent))
+    CeleryTransport().send_envelopes(envelopes)
+    assert sent == [True]  # the fast path ran...
+    fast = raw_messages(queue)
+    standard_path(monkeypatch)
+    CeleryTransport().send(messages)  # ...and this is kombu's Producer.publish
+    standard = raw_messages(queue)
+    assert len(fast) == len(standard) == len(PAYLOADS)
+    assert [decoded(m) for m in fast] == [decoded(m) for m in standard]
+    assert len({m["properties"]["delivery_tag"] for m in fast}) == len(fast)
+    first = decoded(fast[0])
+    assert first["headers"]["id"] == first["properties"]["correlation_id"] == str(
+        messages[0].message_id)
+    assert first["properties"]["delivery_info"] == {"exchange": "", "routing_key": queue}
+    assert first["body"][0] == [messages[0].envelope()]
+
+
+def _spy(method, calls):
+    def spy(self, *args, **kwargs):
+        result = method(self, *args, **kwargs)
+        calls.append(result)
+        return result
+
+    return spy
+
+
+def test_a_relayed_batch_keeps_its_order_in_the_list(queue):
+    ids = publish_many(A, "order.placed", [{"n": n} for n in range(250)])
+    relay = Relay(name="wire-order", batch_size=100)
+    wait_for(lambda: relay.drain() >= 0 and relay.sent == 250, "relayed")
+    assert [m["headers"]["id"] for m in raw_messages(queue)] == [str(i) for i in ids]
+
+
+def test_queues_of_several_lists_and_priorities_in_one_batch(settings):
+    """Routes to two queues, one of them with a priority: one LPUSH per Redis list."""
+    names = [f"dio-outbox-wire-{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    app = Celery("wire", broker=django_settings.CELERY_BROKER_URL)
+    app.conf.task_queues = [Queue(n, Exchange(n), routing_key=n) for n in names]
+    app.conf.task_routes = {"t.first": {"queue": names[0]}, "t.second": {"queue": names[1]}}
+    settings.OUTBOX = {**settings.OUTBOX, "CELERY_QUEUE": None, "CELERY_TASK": "t.first",
+                       "CELERY_TOPIC_TASKS": {"second": "t.second"}}
+    ids = publish_many(A, "first", [{"n": n} for n in range(3)])
+    ids += publish_many(A, "second", [{"n": n} for n in range(2)])
+    transport = CeleryTransport(app)
+    relay = Relay(transport, name="wire-queues")
+    try:
+        wait_for(lambda: relay.drain() >= 0 and relay.sent == 5, "relayed")
+        first, second = raw_messages(names[0]), raw_messages(names[1])
+    finally:
+        app.close()
+    assert [m["headers"]["id"] for m in first] == [str(i) for i in ids[:3]]
+    assert [m["headers"]["id"] for m in second] == [str(i) for i in ids[3:]]
+    assert {m["headers"]["task"] for m in second} == {"t.second"}
+
+
+def test_a_queue_with_x_expires_takes_the_standard_path(settings):
+    name = f"dio-outbox-wire-{uuid.uuid4().hex[:8]}"
+    app = Celery("wire", broker=django_settings.CELERY_BROKER_URL)
+    app.conf.task_queues = [Queue(name, queue_arguments={"x-expires": 600_000})]
+    settings.OUTBOX = {**settings.OUTBOX, "CELERY_QUEUE": name}
+    publish_many(A, "order.placed", [{"n": 1}])
+    relay = Relay(CeleryTransport(app), name="wire-expires")
+    client = redis.Redis.from_url(django_settings.CELERY_BROKER_URL)
+    try:
+        wait_for(lambda: relay.drain() >= 0 and relay.sent == 1, "relayed")
+        assert 0 < client.pttl(name) <= 600_000  # kombu's PEXPIRE: the standard path ran
+        assert len(raw_messages(name)) == 1
+    finally:
+        client.delete(name)
+        client.close()
+        app.close()
+
+
+def test_a_channel_that_writes_messages_its_own_way_is_left_to_kombu(queue):
+    from kombu.transport import redis as kombu_redis
+
+    class Channel(kombu_redis.Channel):
+        def _put(self, queue, message, **kwargs):
+            return super()._put(queue, message, **kwargs)
+
+    class Producer:
+        channel = Channel.__new__(Channel)
+        exchange = Exchange("")
+        compression = None
+
+    assert _RedisWire.for_producer(Producer()) is None
+    Producer.channel = kombu_redis.Channel.__new__(kombu_redis.Channel)
+    assert _RedisWire.for_producer(Producer()) is not None
+    Producer.compression = "zlib"
+    assert _RedisWire.for_producer(Producer()) is None
+
+
+def test_a_subclass_that_overrides_send_still_sees_every_batch():
+    class Counting(CeleryTransport):
+        def send(self, messages):
+            raise AssertionError("not reached")
+
+    class Both(Counting):
+        def send_envelopes(self, envelopes):
+            raise AssertionError("not reached")
+
+    assert CeleryTransport().reads_envelopes
+    assert not Counting().reads_envelopes
+    assert not DieAfterSend().reads_envelopes
+    assert Both().reads_envelopes
+
+
+def test_the_default_send_envelopes_decodes_for_transports_that_take_messages():
+    from outbox.testing import InMemoryTransport
+
+    published = publish_as(A, "order.placed", {"sku": "z"}, key="k")
+    wait_for(lambda: len(read_envelopes("system", (0, 0), 10).messages) == 1, "fenced")
+    [envelope] = read_envelopes("system", (0, 0), 10).messages
+    memory = InMemoryTransport()
+    memory.send_envelopes([envelope])
+    assert memory.sent == read_batch("system", (0, 0), 10).messages
+    assert Envelope.of(memory.sent[0]).data() == envelope.data()
+    assert memory.message_ids == [str(published)]
+
+
+def test_a_celery_worker_runs_the_fast_paths_tasks_with_their_ids_and_envelopes(
+    tmp_path, queue, monkeypatch
+):
+    sent = []
+    monkeypatch.setattr(_RedisWire, "send", _spy(_RedisWire.send, sent))
+    proc = Process(
+        [sys.executable, "-m", "celery", "-A", "tests.outbox.celery_app", "worker",
+         "-P", "solo", "-Q", queue, "--without-mingle", "--without-gossip",
+         "--without-heartbeat", "-l", "info", "-n", f"{queue}@%h"],
+        tmp_path / "worker.log",
+        env={**SUBPROCESS_SETTINGS, "DIO_CELERY_QUEUE": queue},
+    )
+    proc.wait_output("ready.")
+    try:
+        ids = publish_many(A, "order.placed", [{"sku": f"a{i}"} for i in range(20)])
+        ids += publish_many(B, "order.placed", [{"sku": "é✓"}])
+        relay = Relay(name="wire-worker")
+        wait_for(lambda: relay.drain() >= 0 and len(effects()) == 21, "the worker's effects")
+    finally:
+        assert proc.stop() == 0
+    assert sent and all(sent)
+    assert effects() == {str(i): 1 for i in ids}  # the envelope reached the task intact
+    ran = re.findall(r"Task tests\.outbox\.receive_order\[([0-9a-f-]+)\] succeeded",
+                     proc.output)
+    assert ran == [str(i) for i in ids]  # task id = message id, in order
+    with observer() as conn:
+        rows = conn.execute("SELECT tenant_id, sku FROM testapp_order ORDER BY id").fetchall()
+    assert rows[-1] == (B, "é✓")
+    assert sorted({r[0] for r in rows}) == [A, B]
