@@ -4,14 +4,16 @@
 #   make bench-idempotency  DRF endpoint with and without the mixin, side by side
 #   make bench-outbox       relay into Redis/Celery, no-op consumer, latency, memory
 #   make lint               ruff and mypy
+#   make docs               the documentation site (MkDocs, strict) into site/
 #   make services / make services-stop   keep PostgreSQL and Redis up between runs
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+DOCS_STAMP := $(VENV)/.installed-docs
 
-.PHONY: test bench-idempotency bench-outbox lint services services-stop clean
+.PHONY: test bench-idempotency bench-outbox lint docs services services-stop clean
 
 $(STAMP): pyproject.toml
 	@echo "[make] creating $(VENV) and installing the project with its test tools"
@@ -32,6 +34,17 @@ bench-outbox: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check idempotency tenancy outbox tests bench
 	$(BIN)/mypy idempotency tenancy outbox
+
+# The docs tools live in their own group and stamp, so `make test` stays lean.
+$(DOCS_STAMP): pyproject.toml
+	@echo "[make] installing the docs tools (dependency group 'docs') into $(VENV)"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install -q --disable-pip-version-check -U "pip>=25.1"
+	@$(BIN)/python -m pip install -q --disable-pip-version-check --group docs
+	@touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --clean --site-dir site
 
 services:
 	@scripts/services start pg redis
