@@ -45,3 +45,19 @@ def test_every_check_id_is_documented():
     ids = set(re.findall(r'id="(tenancy\.[EW]\d+)"', source))
     text = (DOCS / "roles.md").read_text()
     assert sorted(i for i in ids if f"`{i}`" not in text) == []
+
+
+def _nav_pages() -> list[str]:
+    # mkdocs.yml is read as text: PyYAML belongs to the docs tools, not the test tools.
+    text = (DOCS.parent / "mkdocs.yml").read_text()
+    nav = re.search(r"^nav:\n((?:[ \t]+.*\n|\n)*)", text, re.M)
+    assert nav, "mkdocs.yml has no nav"
+    return re.findall(r"^\s*-\s*(?:[^:\n]+:\s*)?([\w./-]+\.md)\s*$", nav.group(1), re.M)
+
+
+def test_every_page_is_in_the_mkdocs_nav():
+    pages = _nav_pages()
+    assert "index.md" in pages
+    on_disk = sorted(p.name for p in DOCS.glob("*.md"))
+    assert [p for p in on_disk if p not in pages] == [], "pages missing from mkdocs.yml's nav"
+    assert [p for p in pages if not (DOCS / p).exists()] == [], "nav names missing pages"
