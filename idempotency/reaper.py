@@ -93,6 +93,7 @@ class ReapReport:
     dry_run: bool = False
     skipped: bool = False  # another reaper held the lock
     seconds: float = 0.0
+    longest_batch_seconds: float = 0.0  # the longest delete transaction (its locks' lifetime)
     stuck_count: int = 0
     stuck: list[StuckKey] = field(default_factory=list)
 
@@ -196,9 +197,12 @@ def _reap_tenant(
         report.deleted += total
         return total
     while True:
+        started = time.monotonic()
         with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
             cursor.execute(_DELETE_BATCH, [tenant_id, size])
             deleted = cursor.rowcount
+        elapsed = time.monotonic() - started
+        report.longest_batch_seconds = max(report.longest_batch_seconds, elapsed)
         if deleted == 0:
             return total
         total += deleted

@@ -48,6 +48,7 @@ def test_it_deletes_only_expired_rows_of_every_tenant_in_batches():
     assert report.deleted == 50
     assert report.batches == 6  # 10 + 10 + 5 per tenant
     assert report.tenants == 2
+    assert 0 < report.longest_batch_seconds <= report.seconds
     assert len(lines) == 6
     assert count_rows("idempotency_keys") == 15
     assert count_rows("idempotency_keys", "expires_at <= now()") == 0
