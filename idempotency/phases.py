@@ -37,7 +37,9 @@ How a request goes:
    new owner's: its transaction is rolled back (:class:`LeaseLost`).
 3. **Failures**: an exception, or :class:`Retry`, is transient: the phase
    rolls back, the lease is released at once, nothing final is stored, and
-   the retry resumes at the same recovery point. A definitive failure is a
+   the retry resumes at the same recovery point. (At the first recovery
+   point nothing is committed yet, so the key itself is removed: a request
+   refused in its first phase, e.g. 404, leaves nothing pending.) A definitive failure is a
    :class:`Finish` with a 4xx: stored and replayed like any final answer.
 
 Foreign calls take ``ctx.foreign_key(name)``: stable across retries and
@@ -297,6 +299,14 @@ UPDATE idempotency_keys SET locked_until = NULL, updated_at = now()
  WHERE tenant_id = %s AND scope = %s AND key = %s AND state = 'pending' AND lease_token = %s
 """
 
+# Nothing was committed past the first recovery point: forget the key, as if
+# the request had never come (a 404 or a 403 must not leave a pending key).
+_FORGET = """
+DELETE FROM idempotency_keys
+ WHERE tenant_id = %s AND scope = %s AND key = %s AND state = 'pending' AND lease_token = %s
+   AND recovery_point = %s
+"""
+
 
 @dataclass
 class _Claim:
@@ -466,10 +476,10 @@ def _run(
         except LeaseLost:
             return Result(Outcome.IN_PROGRESS)
         except _Transient as transient:
-            _release(alias, where, token)
+            _release(alias, where, token, _forgettable(program, ctx))
             return Result(Outcome.EXECUTED, value=transient.response, verdict=Verdict.UNSTORED)
         except BaseException:
-            _release(alias, where, token)
+            _release(alias, where, token, _forgettable(program, ctx))
             raise
 
 
@@ -490,11 +500,23 @@ def _cas(alias: str, sql: str, params: list[Any]) -> None:
             raise LeaseLost
 
 
-def _release(alias: str, where: list[Any], token: int) -> None:
-    """Let a retry resume at once; a no-op if the lease was already taken over."""
+def _forgettable(program: Phases, ctx: PhaseContext) -> str | None:
+    return ctx.recovery_point if ctx.recovery_point == type(program).first else None
+
+
+def _release(alias: str, where: list[Any], token: int, forget_at: str | None) -> None:
+    """Let a retry resume at once; a no-op if the lease was already taken over.
+
+    At the first recovery point nothing of the request is committed yet, so
+    the key is removed instead: the retry starts afresh, and a request refused
+    in its first phase (not found, forbidden) leaves nothing behind.
+    """
     try:
         with tenant_context(where[0], using=alias), connections[alias].cursor() as cursor:
-            cursor.execute(_RELEASE, [*where, token])
+            if forget_at is None:
+                cursor.execute(_RELEASE, [*where, token])
+            else:
+                cursor.execute(_FORGET, [*where, token, forget_at])
     except Exception:  # the original failure matters more; the lease will expire
         import logging
 

@@ -62,8 +62,11 @@ def test_an_exception_at_every_boundary_then_a_retry_charges_once(client, gatewa
     crash("raise", boundary)
     failed = capture(client)
     assert failed.status_code == 500
-    state, _, _, _, leased = key_row()
-    assert state == "pending" and not leased  # the lease was released at once
+    if boundary in ("after_key_insert", "in_local_phase"):
+        assert key_row() is None  # nothing committed past "started": the key is forgotten
+    else:
+        state, _, _, _, leased = key_row()
+        assert state == "pending" and not leased  # the lease was released at once
     retry = capture(client)
     assert retry.status_code == 201, retry.content
     assert "Idempotent-Replayed" not in retry
@@ -246,3 +249,23 @@ def test_a_pending_key_past_its_ttl_resumes_instead_of_starting_over(client, gat
     retry = capture(client)
     assert retry.status_code == 201
     assert_exactly_once(gateway)  # resumed at payment_created: no second payment row
+
+
+def test_a_request_refused_in_its_first_phase_leaves_no_pending_key(client, gateway):
+    # The program refuses in "started" with a DRF 403 (in UNSTORED_STATUS_CODES):
+    # transient, and since nothing was committed yet, nothing is left behind.
+    from rest_framework.exceptions import PermissionDenied
+
+    def refuse(self, ctx):
+        raise PermissionDenied("not yours")
+
+    original = CapturePayment.started
+    CapturePayment.started = refuse
+    try:
+        refused = capture(client)
+    finally:
+        CapturePayment.started = original
+    assert refused.status_code == 403
+    assert key_row() is None
+    assert capture(client).status_code == 201
+    assert_exactly_once(gateway)
