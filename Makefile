@@ -1,5 +1,6 @@
 # django-idempotency-outbox — developer entry points.
 #
+#   make demo               the example shop, running, with a narrated scenario (make demo-stop)
 #   make test               the whole suite on a private PostgreSQL (started and stopped here)
 #   make bench-idempotency  DRF endpoint with and without the mixin, side by side
 #   make bench-outbox       relay into Redis/Celery, no-op consumer, latency, memory
@@ -13,13 +14,13 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DOCS_STAMP := $(VENV)/.installed-docs
 
-.PHONY: test bench-idempotency bench-outbox lint docs services services-stop clean
+.PHONY: demo demo-stop test bench-idempotency bench-outbox lint docs services services-stop clean
 
 $(STAMP): pyproject.toml
 	@echo "[make] creating $(VENV) and installing the project with its test tools"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install -q --disable-pip-version-check -U "pip>=25.1"
-	@$(BIN)/python -m pip install -q --disable-pip-version-check -e . --group test --group lint
+	@$(BIN)/python -m pip install -q --disable-pip-version-check -e . --group test --group lint --group demo
 	@touch $(STAMP)
 
 test: $(STAMP)
@@ -30,6 +31,12 @@ bench-idempotency: $(STAMP)
 
 bench-outbox: $(STAMP)
 	@scripts/services run pg redis -- $(BIN)/python bench/bench_outbox.py $(BENCH_ARGS)
+
+demo: $(STAMP)
+	@scripts/demo up
+
+demo-stop:
+	@scripts/demo down
 
 lint: $(STAMP)
 	$(BIN)/ruff check idempotency tenancy outbox tests bench

@@ -29,7 +29,7 @@ def wsgi_server():
 
 
 class Gateway:
-    """Talks to the fake gateway process (tests/gateway.py)."""
+    """Talks to the fake gateway process (example_project/gateway.py)."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -62,7 +62,7 @@ def gateway_process():
     from tests.live import ROOT, free_port
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "tests/gateway.py", str(port)], cwd=ROOT)
+    proc = subprocess.Popen([sys.executable, "example_project/gateway.py", str(port)], cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     for _ in range(100):
         try:

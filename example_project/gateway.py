@@ -1,4 +1,4 @@
-"""A fake payment gateway, run as its own process by the tests.
+"""A fake payment gateway, run as its own process by the demo and the tests.
 
 It honours its own idempotency keys the way real gateways do: a charge
 request with a key it has seen returns the first result again (a charge or a
@@ -45,8 +45,14 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802
         with LOCK:
-            self._send(200, {"charges": STATE["charges"], "calls": STATE["calls"],
-                             "keys": len(STATE["results"])})
+            self._send(
+                200,
+                {
+                    "charges": STATE["charges"],
+                    "calls": STATE["calls"],
+                    "keys": len(STATE["results"]),
+                },
+            )
 
     def do_POST(self) -> None:  # noqa: N802
         body = self._body()

@@ -1,0 +1,1 @@
+"""The example shop of django-idempotency-outbox (``make demo``)."""

@@ -1,0 +1,124 @@
+"""Settings of the example shop, read from the environment (django-environ).
+
+``make demo`` writes the environment to ``.run/demo/env`` and exports it:
+
+- ``DATABASE_URL``: the app role (RLS applies to it): the web process.
+- ``SYSTEM_DATABASE_URL``: the system role: reaper, relay, completer.
+- ``OWNER_DATABASE_URL``: the owner role: ``manage.py migrate --database owner``.
+- ``CELERY_BROKER_URL``: Redis.
+- ``GATEWAY_URL``: the fake payment gateway (example_project/gateway.py).
+"""
+
+from datetime import timedelta
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent
+env = environ.Env()
+
+_LOCAL = "postgres://{0}:{0}@127.0.0.1:5432/shop"
+
+SECRET_KEY = env("SECRET_KEY", default="demo-only-not-secret")
+DEBUG = env.bool("DEBUG", default=False)
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost"])
+USE_TZ = True
+TIME_ZONE = "UTC"
+ROOT_URLCONF = "example_project.urls"
+WSGI_APPLICATION = "example_project.wsgi.application"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+DATABASES = {
+    "default": env.db("DATABASE_URL", default=_LOCAL.format("shop_app")),
+    "system": env.db("SYSTEM_DATABASE_URL", default=_LOCAL.format("shop_system")),
+    "owner": env.db("OWNER_DATABASE_URL", default=_LOCAL.format("shop_owner")),
+}
+for _db in DATABASES.values():
+    _db["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "tenancy",
+    "idempotency",
+    "outbox",
+    "example_project.shop",
+]
+
+MIDDLEWARE = [
+    "django.middleware.common.CommonMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.TokenAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Example shop",
+    "DESCRIPTION": "A multi-tenant shop built on django-idempotency-outbox.",
+    "VERSION": "1.0",
+}
+
+TENANCY = {
+    "TENANT_RESOLVER": "example_project.shop.tenancy.merchant_of",
+    "SYSTEM_DATABASE": "system",
+}
+
+IDEMPOTENCY = {
+    "LEASE": timedelta(seconds=env.int("IDEMPOTENCY_LEASE", default=5)),
+    "COMPLETE_AFTER": timedelta(minutes=2),
+}
+
+OUTBOX = {
+    "CONSUMERS": ["example_project.shop.consumers.SalesProjection"],
+    "CELERY_APP": "example_project.celery.app",
+    "CELERY_TOPIC_TASKS": {"order.paid": "shop.send_receipt"},
+    "CELERY_TASK": "shop.ignore_event",
+}
+
+CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="redis://127.0.0.1:6379/0")
+CELERY_BEAT_SCHEDULE = {
+    "reap-idempotency-keys": {"task": "idempotency.tasks.reap_expired_keys", "schedule": 3600.0},
+    "complete-idempotency-keys": {
+        "task": "idempotency.tasks.complete_abandoned_keys",
+        "schedule": 60.0,
+    },
+}
+
+GATEWAY_URL = env("GATEWAY_URL", default="http://127.0.0.1:8111")
+GATEWAY_TIMEOUT = env.float("GATEWAY_TIMEOUT", default=1.0)
+
+EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
+DEFAULT_FROM_EMAIL = "shop@example.com"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": "INFO"},
+}

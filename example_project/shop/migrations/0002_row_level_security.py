@@ -1,0 +1,9 @@
+from django.db import migrations
+
+from tenancy.sqlfiles import RunSQLFile
+
+
+class Migration(migrations.Migration):
+    dependencies = [("shop", "0001_initial")]
+
+    operations = [RunSQLFile("example_project.shop", "0002_row_level_security.sql")]

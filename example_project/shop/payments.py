@@ -1,0 +1,56 @@
+"""Capturing an order's payment in phases (idempotency phases mode).
+
+started          -> the local payment row                   (local only)
+payment_created  -> the gateway charge, with a derived key  (one foreign call)
+charged          -> order paid, ``order.paid`` published     (the receipt goes out via the outbox)
+"""
+
+from rest_framework.exceptions import NotFound
+
+from idempotency.phases import Finish, Phases, RecoveryPoint
+from outbox import publish
+
+from . import gateway
+from .models import Order, Payment
+
+
+class CapturePayment(Phases):
+    scope = "order.capture"
+    completable = True
+
+    def started(self, ctx):
+        order = Order.objects.filter(pk=ctx.kwargs["pk"]).first()
+        if order is None:  # RLS hides other merchants' orders
+            raise NotFound("No such order.")
+        if order.status == Order.Status.PAID:
+            return Finish(409, {"detail": "The order is already paid.", "code": "already_paid"})
+        payment, _ = Payment.objects.get_or_create(
+            tenant_id=ctx.tenant_id, order=order, defaults={"amount_cents": order.total_cents}
+        )
+        return RecoveryPoint("payment_created", payment_id=payment.pk, amount=order.total_cents)
+
+    def payment_created(self, ctx):
+        charge = gateway.charge(ctx.state["amount"], ctx.foreign_key("charge"))
+        if charge.declined:
+            return Finish(402, {"detail": "The card was declined.", "code": "card_declined"})
+        Payment.objects.filter(pk=ctx.state["payment_id"]).update(charge_id=charge.id)
+        return RecoveryPoint("charged", charge_id=charge.id)
+
+    def charged(self, ctx):
+        updated = Order.objects.filter(pk=ctx.kwargs["pk"], status=Order.Status.CREATED).update(
+            status=Order.Status.PAID
+        )
+        order = Order.objects.get(pk=ctx.kwargs["pk"])
+        if updated:
+            publish(
+                "order.paid",
+                {"order": order.pk, "email": order.email, "amount": order.total_cents},
+                key=f"order:{order.pk}",
+                aggregate_type="order",
+                aggregate_id=order.pk,
+            )
+        return Finish(
+            201,
+            {"order": order.pk, "status": order.status, "charge": ctx.state["charge_id"]},
+            headers={"Location": f"/orders/{order.pk}/"},
+        )

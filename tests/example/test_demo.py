@@ -1,0 +1,78 @@
+"""The demo must not rot: run the example shop and its scenario, check the counts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from tests.live import ROOT
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("demo")
+    env = {**os.environ, "DEMO_RUN": str(run_dir), "DEMO_DB": "shop_demo_test"}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    up = subprocess.run(
+        ["scripts/demo", "up", "--no-scenario"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    try:
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        yield run_dir, env
+    finally:
+        subprocess.run(
+            ["scripts/demo", "down", "--keep-services"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            timeout=120,
+        )
+
+
+def test_the_demo_scenario_ends_with_every_effect_exactly_once(demo):
+    run_dir, env = demo
+    scenario_env = dict(env)
+    for line in (run_dir / "env").read_text().splitlines():
+        name, _, value = line.removeprefix("export ").partition("=")
+        scenario_env[name] = value
+    result = subprocess.run(
+        [str(ROOT / ".venv/bin/python"), "-m", "example_project.scenario"],
+        cwd=ROOT,
+        env=scenario_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
+    assert "Every effect happened exactly once." in result.stdout
+    counts = json.loads((run_dir / "counts.json").read_text())
+    assert counts["orders"] == counts["expected_orders"] == counts["projected_orders"] == 4
+    assert counts["paid_orders"] == counts["payments_charged"] == 2
+    assert counts["gateway_charges"] == counts["receipts"] == counts["expected_paid"] == 2
+    assert counts["bob_orders"] == 0
+
+
+def test_the_openapi_schema_documents_the_idempotency_key_and_errors(demo):
+    import requests
+
+    run_dir, _ = demo
+    base = next(
+        line.split("=", 1)[1]
+        for line in (run_dir / "env").read_text().splitlines()
+        if line.startswith("export DEMO_BASE_URL=")
+    )
+    schema = requests.get(base + "/schema/?format=json", timeout=10).json()
+    for path in ("/orders/", "/orders/{id}/capture/"):
+        operation = schema["paths"][path]["post"]
+        headers = [p for p in operation["parameters"] if p["in"] == "header"]
+        assert [h["name"] for h in headers] == ["Idempotency-Key"]
+        assert headers[0]["required"] is True
+        assert {"400", "409", "422"} <= set(operation["responses"])
