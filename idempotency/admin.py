@@ -1,9 +1,12 @@
 """A read-only admin list of idempotency keys, across tenants.
 
-Rows are read through the system alias (``TENANCY["SYSTEM_DATABASE"]``), so
-the web process must have it configured; the app alias, confined by
-row-level security, would show no rows outside a tenant context. Staff with
-the view permission see every tenant's keys: grant it accordingly.
+Rows are read through ``IDEMPOTENCY["ADMIN_DATABASE"]`` (by default the system
+alias): the app alias, confined by row-level security, would show no rows
+outside a tenant context. Giving the web process cross-tenant credentials is
+a real widening of what a bug in it could reach, so prefer a role of its own
+for this alias (BYPASSRLS, SELECT on ``idempotency_keys`` only), or serve the
+admin from a separate deployment. Staff with the view permission see every
+tenant's keys: grant it accordingly.
 """
 
 from __future__ import annotations
@@ -73,7 +76,8 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):
     show_full_result_count = False
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        return super().get_queryset(request).using(tenancy_settings.SYSTEM_DATABASE)
+        alias = idempotency_settings.ADMIN_DATABASE or tenancy_settings.SYSTEM_DATABASE
+        return super().get_queryset(request).using(alias)
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> None:
         return None

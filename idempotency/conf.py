@@ -43,6 +43,9 @@ DEFAULTS: dict[str, Any] = {
     "COMPLETE_BATCH_SIZE": 100,
     # Unfinished keys older than this are reported by the reaper.
     "STUCK_AFTER": timedelta(hours=1),
+    # The alias the admin lists keys through (every tenant's). None: the
+    # system alias. Better: a role of its own with BYPASSRLS and SELECT only.
+    "ADMIN_DATABASE": None,
     # Rows deleted per reaper transaction.
     "REAP_BATCH_SIZE": 1000,
 }

@@ -13,7 +13,7 @@ How one request goes, inside ``tenant_context``::
     store     INSERT the finished row (UPDATE, to take over an expired one)
     COMMIT
 
-A replay is one indexed read in a read-only transaction. A new key costs two
+A replay is one indexed read in a transaction that writes nothing. A new key costs two
 statements more than the handler alone, and no extra round trip: ``SET
 LOCAL`` and ``SAVEPOINT`` travel with the lookup, ``RELEASE SAVEPOINT`` and
 ``COMMIT`` with the store (see :class:`_Coalesce` and :func:`_store`).
@@ -58,7 +58,7 @@ class InvalidKey(ValueError):
     """The Idempotency-Key header value is not a valid key."""
 
 
-def parse_key(value: str, max_length: int | None = None) -> str:
+def parse_key(value: str) -> str:
     """Return the key carried by an ``Idempotency-Key`` header value.
 
     Both a bare token (``abc``) and a Structured Field string (``"abc"``,
@@ -68,7 +68,7 @@ def parse_key(value: str, max_length: int | None = None) -> str:
     Raises:
         InvalidKey: with a message fit for the client.
     """
-    limit = max_length or idempotency_settings.MAX_KEY_LENGTH
+    limit = idempotency_settings.MAX_KEY_LENGTH
     value = value.strip(" \t")
     if value.startswith('"'):
         key = _parse_sf_string(value)
@@ -232,19 +232,42 @@ def execute(
     """
     alias = using or DEFAULT_DB_ALIAS
     ttl = request.ttl or as_timedelta(idempotency_settings.TTL, 'IDEMPOTENCY["TTL"]')
+
+    def attempt() -> Result[T]:
+        for _ in range(_MAX_LOST_RACES):
+            try:
+                return _attempt(request, handler, to_response, alias, ttl)
+            except _LostRace:
+                continue
+        # Still not seeing the winner's row: an outer transaction's snapshot
+        # (REPEATABLE READ) hides it. Answer as for a request in flight.
+        return Result(Outcome.IN_PROGRESS)
+
+    return retry_while_in_progress(attempt, wait)
+
+
+#: Attempts after losing the race for a key before answering "in progress".
+_MAX_LOST_RACES = 3
+
+R = TypeVar("R")
+
+
+def retry_while_in_progress(attempt: Callable[[], R], wait: float | None) -> R:
+    """Call ``attempt`` until its result is not IN_PROGRESS or ``wait`` seconds passed.
+
+    ``wait`` defaults to ``IN_PROGRESS_WAIT``; 0 calls it once. Pauses grow from
+    10 ms to 200 ms.
+    """
     wait = idempotency_settings.IN_PROGRESS_WAIT if wait is None else wait
     deadline = time.monotonic() + wait
     pause = 0.01
     while True:
-        try:
-            result = _attempt(request, handler, to_response, alias, ttl)
-        except _LostRace:
-            continue
-        if result.outcome is Outcome.IN_PROGRESS and time.monotonic() < deadline:
-            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-            pause = min(pause * 2, 0.2)
-            continue
-        return result
+        result = attempt()
+        in_progress = getattr(result, "outcome", None) is Outcome.IN_PROGRESS
+        if not in_progress or time.monotonic() >= deadline:
+            return result
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(pause * 2, 0.2)
 
 
 class _Coalesce:
@@ -262,8 +285,12 @@ class _Coalesce:
 
     HELD = ("SET LOCAL ", "SAVEPOINT ", "RELEASE SAVEPOINT ")
 
-    def __init__(self) -> None:
-        self.active = True
+    def __init__(self, enabled: bool) -> None:
+        # Only in a transaction of our own: there, the COMMIT ends everything,
+        # so a statement still held at the end (a RELEASE) is not needed.
+        # Nested in a caller's transaction, a held statement that was never
+        # sent (the SET LOCAL restoring the outer tenant) would be lost.
+        self.active = enabled
         self.held: list[str] = []
 
     def __call__(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
@@ -295,10 +322,11 @@ def _attempt(
     ttl: timedelta,
 ) -> Result[T]:
     connection = connections[alias]
-    coalesce = _Coalesce()
     verdict = Verdict.UNSTORED
-    # When this is the outermost transaction, COMMIT can travel with the store.
-    outermost = not connection.in_atomic_block
+    # In a transaction of our own, utility statements and the COMMIT can travel
+    # with our statements; inside the caller's transaction, nothing is merged.
+    outermost = not connection.in_atomic_block and connection.get_autocommit()
+    coalesce = _Coalesce(enabled=outermost)
     with connection.execute_wrapper(coalesce), tenant_context(request.tenant_id, using=alias):
         try:
             # The handler's savepoint opens before the lookup, so that BEGIN's
@@ -318,7 +346,7 @@ def _attempt(
                     value = handler()
                     response = to_response(value)
                 finally:
-                    coalesce.active = True
+                    coalesce.active = outermost
                 verdict = classify(response.status_code)
                 if verdict is not Verdict.COMPLETED:
                     raise _Undo
@@ -367,10 +395,21 @@ def _store(
         try:
             cursor.execute(sql, where + values)
         except IntegrityError as exc:
-            # Only the primary key can be violated here: another transaction
-            # stored this key after our lookup (possible under REPEATABLE READ,
-            # or in the instant between our snapshot and our lock).
-            raise _LostRace from exc
+            # The primary key: another transaction stored this key after our
+            # lookup (under REPEATABLE READ, or in the instant between our
+            # snapshot and our lock). Anything else (a deferred constraint of
+            # the handler's, checked at the merged COMMIT) is the handler's error.
+            if _is_key_conflict(exc):
+                raise _LostRace from exc
+            raise
+
+
+def _is_key_conflict(exc: IntegrityError) -> bool:
+    cause = exc.__cause__
+    return (
+        isinstance(cause, psycopg.errors.UniqueViolation)
+        and cause.diag.constraint_name == "idempotency_keys_pkey"
+    )
 
 
 def answer_from_row(
@@ -383,8 +422,9 @@ def answer_from_row(
 ) -> Result[Any]:
     if request_hash != request.fingerprint:
         return Result(Outcome.MISMATCH)
-    if state == "pending" or status is None:
+    if state == "pending":
         return Result(Outcome.IN_PROGRESS)
+    assert status is not None  # finished rows always have one (a check constraint)
     if isinstance(headers, str):  # Django leaves jsonb undecoded on raw cursors
         headers = json.loads(headers)
     stored = StoredResponse(

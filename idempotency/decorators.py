@@ -19,7 +19,7 @@ from tenancy import tenant_context
 from tenancy.conf import tenancy_settings
 
 View = Callable[..., HttpResponse]
-SAFE_METHODS = ("GET", "HEAD", "OPTIONS", "TRACE")
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
 
 def parsed_body(request: HttpRequest) -> Any:

@@ -78,22 +78,24 @@ class IdempotentViewMixin:
         setattr(self, name, functools.partial(self._run_idempotently, handler))
 
     def _run_idempotently(self, handler: Any, request: Request, *args: Any, **kwargs: Any) -> Any:
+        program = self.get_idempotency_phases()
         required = self.idempotency_key_required
+        if program is not None:
+            required = True  # a program's phases cannot run without a key to resume by
+        elif required is None:
+            required = idempotency_settings.REQUIRED
         checked = check_request(
             request,
-            required=idempotency_settings.REQUIRED if required is None else required,
+            required=required,
             parse_key=self.get_idempotency_key,
             get_tenant=self.get_idempotency_tenant,
         )
         if isinstance(checked, HttpResponse):
             return checked
         key, tenant_id = checked
-        program = self.get_idempotency_phases()
-        if key is None and program is None:  # optional and absent: run as the tenant
+        if key is None:  # optional and absent: run as the tenant, without a key
             with tenant_context(tenant_id, using=tenancy_settings.APP_DATABASE):
                 return handler(request, *args, **kwargs)
-        if key is None:
-            return self._phases_problem_without_key()
         ttl = self.idempotency_ttl
         ireq = core.IdempotentRequest(
             tenant_id=tenant_id,
@@ -155,15 +157,6 @@ class IdempotentViewMixin:
             assert isinstance(result.value, core.StoredResponse)
             return http_response(result.value)
         return answer(result, replay=self.perform_replay)
-
-    def _phases_problem_without_key(self) -> HttpResponse:
-        from idempotency.responses import problem_response
-
-        return problem_response(
-            idempotency_settings.STATUS_KEY_MISSING,
-            "idempotency_key_missing",
-            f"This operation requires an {idempotency_settings.HEADER} header.",
-        )
 
     # --- hooks -------------------------------------------------------------
 

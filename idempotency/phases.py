@@ -37,9 +37,8 @@ How a request goes:
    new owner's: its transaction is rolled back (:class:`LeaseLost`).
 3. **Failures**: an exception, or :class:`Retry`, is transient: the phase
    rolls back, the lease is released at once, nothing final is stored, and
-   the retry resumes at the same recovery point. (At the first recovery
-   point nothing is committed yet, so the key itself is removed: a request
-   refused in its first phase, e.g. 404, leaves nothing pending.) A definitive failure is a
+   the retry resumes at the same recovery point. (A DRF refusal such as a 404
+   raised in the first phase removes the key instead: nothing is pending.) A definitive failure is a
    :class:`Finish` with a 4xx: stored and replayed like any final answer.
 
 Foreign calls take ``ctx.foreign_key(name)``: stable across retries and
@@ -55,14 +54,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, ClassVar
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
 from idempotency.conf import as_timedelta, idempotency_settings
 from idempotency.core import (
@@ -73,11 +72,14 @@ from idempotency.core import (
     Verdict,
     answer_from_row,
     classify,
+    retry_while_in_progress,
 )
 from tenancy import tenant_context
 
 #: The recovery point of a claimed request that has run no phase yet.
 STARTED = "started"
+
+logger = logging.getLogger("idempotency")
 
 _registry: dict[str, type[Phases]] = {}
 
@@ -299,8 +301,11 @@ UPDATE idempotency_keys SET locked_until = NULL, updated_at = now()
  WHERE tenant_id = %s AND scope = %s AND key = %s AND state = 'pending' AND lease_token = %s
 """
 
-# Nothing was committed past the first recovery point: forget the key, as if
-# the request had never come (a 404 or a 403 must not leave a pending key).
+# The first phase refused the request (a DRF 403, 404...): nothing of it was
+# committed, so forget the key, as if it had never come; a pending key would
+# wait forever for a completer that can only be refused again. Only refusals:
+# after a transient failure the retry must keep this request's identity
+# (request_id, hence ctx.foreign_key), since a foreign call may have happened.
 _FORGET = """
 DELETE FROM idempotency_keys
  WHERE tenant_id = %s AND scope = %s AND key = %s AND state = 'pending' AND lease_token = %s
@@ -363,20 +368,12 @@ def execute(
     ttl = request.ttl or as_timedelta(
         program.ttl if program.ttl is not None else idempotency_settings.TTL, "ttl"
     )
-    wait = idempotency_settings.IN_PROGRESS_WAIT if wait is None else wait
-    deadline = time.monotonic() + wait
-    pause = 0.01
     stored_data = {"data": data, "kwargs": dict(kwargs or {}), "principal": principal}
-    while True:
-        claim_or_result = _claim(request, program, stored_data, lease, ttl, alias)
-        if isinstance(claim_or_result, _Claim):
-            break
-        if claim_or_result.outcome is Outcome.IN_PROGRESS and time.monotonic() < deadline:
-            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-            pause = min(pause * 2, 0.2)
-            continue
-        return claim_or_result
-    claim = claim_or_result
+    claim = retry_while_in_progress(
+        lambda: _claim(request, program, stored_data, lease, ttl, alias), wait
+    )
+    if not isinstance(claim, _Claim):
+        return claim
     ctx = PhaseContext(
         tenant_id=request.tenant_id,
         scope=request.scope,
@@ -439,10 +436,14 @@ def _run(
 ) -> Result[StoredResponse]:
     where: list[Any] = [request.tenant_id, request.scope, request.key]
     while True:
+        refused = False  # a DRF refusal (403, 404...) raised by the phase
         try:
             with tenant_context(request.tenant_id, using=alias):
                 try:
-                    outcome = program.phase(ctx.recovery_point)(ctx)
+                    # A savepoint: an exception's writes roll back before its
+                    # answer is stored (a returned Finish commits with them).
+                    with transaction.atomic(using=alias):
+                        outcome = program.phase(ctx.recovery_point)(ctx)
                 except Retry as exc:
                     outcome = exc.to_stored()
                 except Exception as exc:
@@ -450,6 +451,7 @@ def _run(
                     if converted is None:
                         raise
                     outcome = converted
+                    refused = converted.status_code < 500
                 if isinstance(outcome, RecoveryPoint):
                     ctx.state = {**ctx.state, **outcome.state}
                     _cas(alias, _ADVANCE, [outcome.name, _dumps(ctx.state), lease, *where, token])
@@ -476,10 +478,11 @@ def _run(
         except LeaseLost:
             return Result(Outcome.IN_PROGRESS)
         except _Transient as transient:
-            _release(alias, where, token, _forgettable(program, ctx))
+            forget = refused and ctx.recovery_point == type(program).first
+            _release(alias, where, token, ctx.recovery_point if forget else None)
             return Result(Outcome.EXECUTED, value=transient.response, verdict=Verdict.UNSTORED)
         except BaseException:
-            _release(alias, where, token, _forgettable(program, ctx))
+            _release(alias, where, token, None)
             raise
 
 
@@ -500,16 +503,10 @@ def _cas(alias: str, sql: str, params: list[Any]) -> None:
             raise LeaseLost
 
 
-def _forgettable(program: Phases, ctx: PhaseContext) -> str | None:
-    return ctx.recovery_point if ctx.recovery_point == type(program).first else None
-
-
 def _release(alias: str, where: list[Any], token: int, forget_at: str | None) -> None:
     """Let a retry resume at once; a no-op if the lease was already taken over.
 
-    At the first recovery point nothing of the request is committed yet, so
-    the key is removed instead: the retry starts afresh, and a request refused
-    in its first phase (not found, forbidden) leaves nothing behind.
+    With ``forget_at`` (a refusal in the first phase), the key is removed instead.
     """
     try:
         with tenant_context(where[0], using=alias), connections[alias].cursor() as cursor:
@@ -518,8 +515,6 @@ def _release(alias: str, where: list[Any], token: int, forget_at: str | None) ->
             else:
                 cursor.execute(_FORGET, [*where, token, forget_at])
     except Exception:  # the original failure matters more; the lease will expire
-        import logging
-
-        logging.getLogger("idempotency").warning(
+        logger.warning(
             "could not release the lease of %s/%s/%s", *where, exc_info=True
         )

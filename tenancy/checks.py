@@ -141,11 +141,12 @@ def _check_app_alias(alias: str, tables: list[str]) -> Iterable[checks.CheckMess
 
 
 def _check_table_rls(fact: Any) -> Iterable[checks.CheckMessage]:
-    if not (fact.rls_enabled and fact.rls_forced and fact.policies):
+    if not (fact.rls_enabled and fact.rls_forced and fact.policies) or fact.other_policies:
         yield checks.Error(
-            f"Table {fact.name} does not have row-level security enabled and forced with a "
-            f"policy (enabled={fact.rls_enabled}, forced={fact.rls_forced}, "
-            f"policies={fact.policies}).",
+            f"Table {fact.name} does not have row-level security enabled and forced with "
+            f"policies on app.tenant_id only (enabled={fact.rls_enabled}, "
+            f"forced={fact.rls_forced}, policies={fact.policies}, "
+            f"others={fact.other_policies}).",
             hint="Run the library's migrations; never edit their SQL.",
             id="tenancy.E014",
         )

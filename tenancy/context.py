@@ -72,8 +72,6 @@ def tenant_context(tenant_id: int, *, using: str | None = None) -> Iterator[int]
     outermost = not connection.in_atomic_block
     with transaction.atomic(using=alias):
         stack = _stack(connection)
-        if outermost:
-            stack.clear()  # a new transaction starts with no tenant
         previous = stack[-1] if stack else None
         _set(connection, tenant_id)
         stack.append(tenant_id)

@@ -24,6 +24,7 @@ class TableFacts:
     rls_enabled: bool
     rls_forced: bool
     policies: int
+    other_policies: int  # policies that do not compare with app.tenant_id
     rls_active: bool
 
 
@@ -52,10 +53,16 @@ def table_facts(using: str, tables: list[str]) -> dict[str, TableFacts]:
             """
             SELECT c.relname,
                    pg_get_userbyid(c.relowner),
-                   pg_has_role(current_user, c.relowner, 'USAGE'),
+                   pg_has_role(current_user, c.relowner, 'MEMBER'),
                    c.relrowsecurity,
                    c.relforcerowsecurity,
                    (SELECT count(*) FROM pg_policy p WHERE p.polrelid = c.oid),
+                   (SELECT count(*) FROM pg_policy p WHERE p.polrelid = c.oid
+                       AND NOT (coalesce(pg_get_expr(p.polqual, p.polrelid), '')
+                                LIKE '%%app.tenant_id%%'
+                            AND coalesce(pg_get_expr(p.polwithcheck, p.polrelid),
+                                         pg_get_expr(p.polqual, p.polrelid), '')
+                                LIKE '%%app.tenant_id%%')),
                    row_security_active(c.oid)
               FROM pg_class c
              WHERE c.relname = ANY(%s)

@@ -353,3 +353,38 @@ def test_under_atomic_requests_the_contract_holds(client, atomic_requests):
     )
     assert orders() == 1
     assert [(row[2], row[3]) for row in stored_keys()] == [("k1", "completed"), ("k3", "failed")]
+
+
+# --- fingerprint details, hooks and the remaining settings ---------------------------
+
+
+def test_query_parameters_count_in_any_order(client):
+    assert client.order(key="k1", path="/orders/?b=2&a=1").status_code == 201
+    assert client.order(key="k1", path="/orders/?a=1&b=2")["Idempotent-Replayed"] == "true"
+    assert client.order(key="k1", path="/orders/?a=2&b=2").status_code == 422
+
+
+def test_the_key_and_replay_hooks(client):
+    refused = client.order(key="plain", path="/orders-hooked/")
+    assert refused.status_code == 400 and "ord_" in problem(refused)["detail"]
+    assert client.order(key="ord_1", path="/orders-hooked/").status_code == 201
+    replay = client.order(key="ord_1", path="/orders-hooked/")
+    assert replay["Idempotent-Replayed"] == "true" and replay["X-Replay-Count"] == "counted"
+
+
+def test_replayed_headers_and_key_length_are_settings(client, settings):
+    settings.IDEMPOTENCY = {"REPLAYED_HEADERS": ("Content-Type", "X-Not-Replayed"),
+                            "MAX_KEY_LENGTH": 10}
+    assert client.order(key="k" * 11).status_code == 400
+    client.order(key="k" * 10)
+    replay = client.order(key="k" * 10)
+    assert replay["X-Not-Replayed"] == "1" and "Location" not in replay
+
+
+def test_retry_after_is_a_setting(settings):
+    from idempotency.core import Outcome, Result
+    from idempotency.responses import answer
+
+    settings.IDEMPOTENCY = {"RETRY_AFTER": 7, "STATUS_IN_PROGRESS": 425}
+    response = answer(Result(Outcome.IN_PROGRESS))
+    assert response.status_code == 425 and response["Retry-After"] == "7"

@@ -105,7 +105,10 @@ def test_in_progress_without_wait_and_replay_after_wait():
     time.sleep(0.3)
     assert core.execute(request(), slow, lambda r: r, wait=0).outcome is core.Outcome.IN_PROGRESS
     threading.Timer(0.3, release.set).start()
-    waited = core.execute(request(), slow, lambda r: r, wait=5)
+    from django.test import override_settings
+
+    with override_settings(IDEMPOTENCY={"IN_PROGRESS_WAIT": 5}):  # the setting, not the argument
+        waited = core.execute(request(), slow, lambda r: r)
     t.join(5)
     assert waited.outcome is core.Outcome.REPLAYED and waited.stored.body == b"first"
 
@@ -188,3 +191,58 @@ def test_inside_an_outer_transaction_everything_commits_with_it():
         assert result.outcome is core.Outcome.EXECUTED
         assert count_rows("idempotency_keys") == 0  # not committed yet
     assert count_rows("idempotency_keys") == 1
+
+
+def guc() -> str | None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('app.tenant_id', true)")
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.parametrize("outcome", ["executed", "replayed"])
+def test_nested_in_a_tenant_context_the_outer_tenant_is_restored(outcome):
+    from tenancy import tenant_context
+
+    if outcome == "replayed":
+        core.execute(request(), lambda: stored(201), lambda r: r)
+    with tenant_context(7):
+        core.execute(request(), lambda: stored(201), lambda r: r)
+        assert guc() == "7"
+        assert current_tenant_id() == 7
+        assert Order.objects.count() == 0  # tenant 7 sees its own rows only
+
+
+def test_inside_a_plain_atomic_block_no_tenant_is_left_behind():
+    from django.db import transaction
+
+    with transaction.atomic():  # what ATOMIC_REQUESTS does around a view
+        core.execute(request(), lambda: stored(201), lambda r: r)
+        assert guc() == ""
+        core.execute(request(), lambda: stored(201), lambda r: r)  # the replay path
+        assert guc() == ""
+
+
+def test_a_handler_error_at_the_merged_commit_is_not_taken_for_a_lost_race():
+    # A deferred constraint fails only at COMMIT, which travels with the key's
+    # INSERT: it must surface as the handler's error, not re-run the handler.
+    from django.db import IntegrityError
+
+    calls = []
+
+    def handler():
+        calls.append(1)
+        Order.objects.create(tenant_id=current_tenant_id(), sku="x")
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute("CREATE TEMP TABLE deferred_check (v int UNIQUE DEFERRABLE INITIALLY "
+                           "DEFERRED) ON COMMIT DROP")
+            cursor.execute("INSERT INTO deferred_check VALUES (1), (1)")
+        return stored(201)
+
+    with pytest.raises(IntegrityError):
+        core.execute(request(), handler, lambda r: r)
+    assert calls == [1]
+    assert count_rows("testapp_order") == 0 and count_rows("idempotency_keys") == 0

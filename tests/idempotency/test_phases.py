@@ -62,11 +62,8 @@ def test_an_exception_at_every_boundary_then_a_retry_charges_once(client, gatewa
     crash("raise", boundary)
     failed = capture(client)
     assert failed.status_code == 500
-    if boundary in ("after_key_insert", "in_local_phase"):
-        assert key_row() is None  # nothing committed past "started": the key is forgotten
-    else:
-        state, _, _, _, leased = key_row()
-        assert state == "pending" and not leased  # the lease was released at once
+    state, _, _, _, leased = key_row()
+    assert state == "pending" and not leased  # the lease was released at once
     retry = capture(client)
     assert retry.status_code == 201, retry.content
     assert "Idempotent-Replayed" not in retry
@@ -83,6 +80,7 @@ def test_a_worker_killed_at_every_boundary_then_a_retry_charges_once(payments_se
         requests.post(url, json={"amount": 1000}, headers=headers, timeout=10)
     assert key_row()[0] == "pending"  # committed first, and left leased by the dead worker
     deadline = time.monotonic() + 20
+    conflicts = 0
     while True:  # 409 until the dead worker's lease runs out, then the retry resumes
         try:
             retry = requests.post(url, json={"amount": 1000}, headers=headers, timeout=10)
@@ -92,8 +90,10 @@ def test_a_worker_killed_at_every_boundary_then_a_retry_charges_once(payments_se
             break
         if retry is not None:
             assert retry.headers["Retry-After"]
+            conflicts += 1
         assert time.monotonic() < deadline, "the lease never ran out"
         time.sleep(0.2)
+    assert conflicts >= 1, "the dead worker's lease was never seen holding the key"
     assert retry.status_code == 201, retry.text
     assert_exactly_once(gateway)
 
@@ -269,3 +269,51 @@ def test_a_request_refused_in_its_first_phase_leaves_no_pending_key(client, gate
     assert key_row() is None
     assert capture(client).status_code == 201
     assert_exactly_once(gateway)
+
+
+def test_a_transient_failure_after_a_foreign_call_in_the_first_phase_charges_once(gateway):
+    # A program whose first phase calls the gateway, then times out: the retry
+    # must reuse the same derived key (the key row is kept, not forgotten).
+    from idempotency.phases import Finish, Phases, Retry
+    from tests.testapp.payments import charge
+
+    calls = []
+
+    class ChargeFirst(Phases):
+        scope = "test.charge-first"
+
+        def started(self, ctx):
+            answer = charge(500, ctx.foreign_key("charge"))
+            calls.append(answer.json()["id"])
+            if len(calls) == 1:
+                raise Retry("the gateway answered too late")
+            return Finish(201, {"charge": answer.json()["id"]})
+
+    request = IdempotentRequest(tenant_id=1, scope=ChargeFirst.scope, key="k",
+                                fingerprint="f" * 64, method="POST", path="/x")
+    first = phases.execute(ChargeFirst, request)
+    assert first.value.status_code == 503
+    second = phases.execute(ChargeFirst, request)
+    assert second.value.status_code == 201
+    assert calls == ["ch_1", "ch_1"]
+    assert gateway.stats() == {"charges": 1, "calls": 2, "keys": 1}
+
+
+def test_a_drf_error_raised_after_writes_rolls_the_phase_back(client, gateway):
+    from rest_framework.exceptions import ValidationError
+
+    from tests.testapp.models import Payment
+
+    def write_then_refuse(self, ctx):
+        Payment.objects.create(tenant_id=ctx.tenant_id, order_ref="x", amount=1)
+        raise ValidationError({"amount": ["too much"]})
+
+    original = CapturePayment.started
+    CapturePayment.started = write_then_refuse
+    try:
+        refused = capture(client)
+    finally:
+        CapturePayment.started = original
+    assert refused.status_code == 400
+    assert key_row()[:2] == ("failed", 400)
+    assert count_rows("testapp_payment") == 0  # the half-made payment was rolled back

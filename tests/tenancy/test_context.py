@@ -62,10 +62,3 @@ def test_an_exception_in_a_nested_context_reverts_with_the_savepoint():
             raise RuntimeError
         assert guc() == "1"
         assert current_tenant_id() == 1
-
-
-def test_a_stale_stack_does_not_survive_a_new_transaction():
-    with tenant_context(5):
-        pass
-    with transaction.atomic():
-        assert current_tenant_id() is None

@@ -1,5 +1,6 @@
 """The suite runs as the real roles: otherwise RLS tests prove nothing."""
 
+import pytest
 from django.core import checks
 from django.db import connection, connections
 
@@ -81,3 +82,32 @@ def test_system_checks_report_unknown_settings(settings):
     settings.IDEMPOTENCY = {"TTLL": 5}
     messages = checks.run_checks()
     assert any(m.id == "tenancy.E002" and "TTLL" in m.msg for m in messages)
+
+
+def test_system_checks_refuse_a_policy_that_does_not_compare_with_the_tenant():
+    with connections["owner"].cursor() as cursor:
+        cursor.execute("CREATE POLICY wide_open ON idempotency_keys USING (true)")
+    try:
+        messages = checks.run_checks(databases=["default"])
+        assert any(m.id == "tenancy.E014" and "idempotency_keys" in m.msg for m in messages)
+    finally:
+        with connections["owner"].cursor() as cursor:
+            cursor.execute("DROP POLICY wide_open ON idempotency_keys")
+    assert not any(m.id == "tenancy.E014" for m in checks.run_checks(databases=["default"]))
+
+
+def test_system_checks_on_settings(settings):
+    settings.TENANCY = {**settings.TENANCY, "APP_DATABASE": "nope", "SYSTEM_DATABASE": "gone",
+                        "TENANT_RESOLVER": "no.such.module.resolver"}
+    ids = {m.id for m in checks.run_checks()}
+    assert {"tenancy.E003", "tenancy.W004", "tenancy.E006"} <= ids
+    settings.IDEMPOTENCY = ["not", "a", "dict"]
+    assert "tenancy.E001" in {m.id for m in checks.run_checks()}
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_system_checks_refuse_a_database_that_is_not_postgresql(settings):
+    settings.DATABASES = {**settings.DATABASES,
+                          "system": {**settings.DATABASES["system"],
+                                     "ENGINE": "django.db.backends.sqlite3"}}
+    assert "tenancy.E005" in {m.id for m in checks.run_checks()}

@@ -12,6 +12,7 @@ urlpatterns = [
     path("orders-waiting/", views.OrderWaitingViewSet.as_view(create)),
     path("orders-optional/", views.OrderOptionalKeyViewSet.as_view(create)),
     path("orders-short/", views.OrderShortTTLViewSet.as_view(create)),
+    path("orders-hooked/", views.OrderHookedViewSet.as_view(create)),
     path("orders-write/", views.OrderWriteView.as_view()),
     path("uploads/", views.UploadView.as_view()),
     path("plain-orders/", views.PlainOrderViewSet.as_view(create)),

@@ -97,6 +97,25 @@ class OrderShortTTLViewSet(OrderViewSet):
     idempotency_ttl = 1
 
 
+class OrderHookedViewSet(OrderViewSet):
+    """The documented hooks, overridden."""
+
+    idempotency_scope = "order.create-hooked"
+
+    def get_idempotency_key(self, header_value):
+        from idempotency.core import InvalidKey, parse_key
+
+        key = parse_key(header_value)
+        if not key.startswith("ord_"):
+            raise InvalidKey("Order keys start with 'ord_'.")
+        return key
+
+    def perform_replay(self, stored):
+        response = super().perform_replay(stored)
+        response["X-Replay-Count"] = "counted"
+        return response
+
+
 class OrderWriteView(IdempotentViewMixin, APIView):
     """POST and PUT share one scope, so a key reused across methods is a mismatch."""
 
