@@ -56,7 +56,7 @@ class CompleteReport:
 
 def complete_abandoned_keys(
     *,
-    older_than: timedelta | int | None = None,
+    older_than: timedelta | float | None = None,
     limit: int | None = None,
     using: str | None = None,
     progress: Callable[[str], None] | None = None,

@@ -22,20 +22,10 @@ from django.db import connections, transaction
 
 from idempotency.conf import as_timedelta, idempotency_settings
 from tenancy.conf import tenancy_settings
+from tenancy.db import tenants_with_rows
 
 #: Session advisory lock held while a reaper runs ("idem-rea" in ASCII).
 REAP_LOCK_ID = 0x6964656D2D726561
-
-_TENANTS = """
-WITH RECURSIVE tenants(tenant_id) AS (
-    (SELECT tenant_id FROM idempotency_keys ORDER BY tenant_id LIMIT 1)
-    UNION ALL
-    SELECT (SELECT k.tenant_id FROM idempotency_keys k
-             WHERE k.tenant_id > tenants.tenant_id ORDER BY k.tenant_id LIMIT 1)
-      FROM tenants WHERE tenants.tenant_id IS NOT NULL
-)
-SELECT tenant_id FROM tenants WHERE tenant_id IS NOT NULL
-"""
 
 _DELETE_BATCH = """
 DELETE FROM idempotency_keys
@@ -167,10 +157,7 @@ def reap_expired_keys(
             report.skipped = True
             return report
     try:
-        with connection.cursor() as cursor:
-            cursor.execute(_TENANTS)
-            tenants = [row[0] for row in cursor.fetchall()]
-        for tenant_id in tenants:
+        for tenant_id in tenants_with_rows(alias, "idempotency_keys"):
             deleted = _reap_tenant(alias, tenant_id, size, dry_run, report, progress)
             report.tenants += 1 if deleted else 0
         _find_stuck(alias, report, stuck_sample)

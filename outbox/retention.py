@@ -23,7 +23,7 @@ from django.db import connections
 from outbox.conf import outbox_settings, setting_seconds
 from outbox.consumers import configured_consumers
 from tenancy.conf import tenancy_settings
-from tenancy.db import table_facts
+from tenancy.db import table_facts, tenants_with_rows
 
 logger = logging.getLogger("outbox")
 
@@ -78,17 +78,6 @@ DELETE FROM outbox_messages
          LIMIT %s)
 """
 
-_TENANTS = """
-WITH RECURSIVE t(tenant_id) AS (
-    (SELECT tenant_id FROM outbox_received ORDER BY tenant_id LIMIT 1)
-    UNION ALL
-    SELECT (SELECT r.tenant_id FROM outbox_received r
-             WHERE r.tenant_id > t.tenant_id ORDER BY r.tenant_id LIMIT 1)
-      FROM t WHERE t.tenant_id IS NOT NULL
-)
-SELECT tenant_id FROM t WHERE tenant_id IS NOT NULL
-"""
-
 _DELETE_RECEIVED = """
 DELETE FROM outbox_received
  WHERE (tenant_id, receiver, message_id) IN (
@@ -125,10 +114,7 @@ def reap(batch_size: int | None = None, using: str | None = None) -> ReapResult:
                 break
     received = 0
     keep = setting_seconds("RECEIVED_RETENTION")
-    with connections[alias].cursor() as cursor:
-        cursor.execute(_TENANTS)
-        tenants = [row[0] for row in cursor.fetchall()]
-    for tenant_id in tenants:
+    for tenant_id in tenants_with_rows(alias, "outbox_received"):
         while True:
             with connections[alias].cursor() as cursor:
                 cursor.execute(_DELETE_RECEIVED, [tenant_id, keep, size])

@@ -7,20 +7,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from idempotency.completer import complete_abandoned_keys
 from idempotency.reaper import ReaperRefused
-
-
-def non_negative(value: str) -> float:
-    number = float(value)
-    if number < 0:
-        raise ValueError
-    return number
-
-
-def positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise ValueError
-    return number
+from tenancy.cli import non_negative_seconds, positive_int
 
 
 class Command(BaseCommand):
@@ -31,7 +18,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
-            "--older-than", type=non_negative, default=None, metavar="SECONDS",
+            "--older-than", type=non_negative_seconds, default=None, metavar="SECONDS",
             help='Untouched for at least this long (default: IDEMPOTENCY["COMPLETE_AFTER"]).',
         )
         parser.add_argument(
@@ -48,7 +35,7 @@ class Command(BaseCommand):
         older = options["older_than"]
         try:
             report = complete_abandoned_keys(
-                older_than=None if older is None else (0 if older == 0 else older),
+                older_than=older,
                 limit=options["limit"],
                 using=options["database"],
                 progress=self.stdout.write if verbose else None,

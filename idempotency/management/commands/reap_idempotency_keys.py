@@ -6,13 +6,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from idempotency.reaper import ReaperRefused, reap_expired_keys
-
-
-def positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise ValueError
-    return number
+from tenancy.cli import positive_int
 
 
 class Command(BaseCommand):
