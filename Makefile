@@ -4,6 +4,7 @@
 #   make test               the whole suite on a private PostgreSQL (started and stopped here)
 #   make bench-idempotency  DRF endpoint with and without the mixin, side by side
 #   make bench-outbox       relay into Redis/Celery, no-op consumer, latency, memory
+#   make bench-reaper       reaping 1,000,000 expired keys under live traffic
 #   make lint               ruff and mypy
 #   make docs               the documentation site (MkDocs, strict) into site/
 #   make services / make services-stop   keep PostgreSQL and Redis up between runs
@@ -14,7 +15,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DOCS_STAMP := $(VENV)/.installed-docs
 
-.PHONY: demo demo-stop test bench-idempotency bench-outbox lint docs services services-stop clean
+.PHONY: demo demo-stop test bench-idempotency bench-outbox bench-reaper lint docs services services-stop clean
 
 $(STAMP): pyproject.toml
 	@echo "[make] creating $(VENV) and installing the project with its test tools"
@@ -31,6 +32,9 @@ bench-idempotency: $(STAMP)
 
 bench-outbox: $(STAMP)
 	@scripts/services run pg redis -- $(BIN)/python bench/bench_outbox.py $(BENCH_ARGS)
+
+bench-reaper: $(STAMP)
+	@scripts/services run pg -- $(BIN)/python bench/bench_reaper.py $(BENCH_ARGS)
 
 demo: $(STAMP)
 	@scripts/demo up

@@ -123,7 +123,7 @@ def start_server(port: int, workers: int) -> subprocess.Popen[bytes]:
         try:
             requests.get(f"http://127.0.0.1:{port}/orders/", timeout=1)
             return proc
-        except requests.ConnectionError:
+        except requests.RequestException:  # not up yet, or slow to answer the first time
             time.sleep(0.1)
     proc.kill()
     sys.exit("bench: gunicorn did not start")

@@ -77,6 +77,11 @@ class CeleryTransport(Transport):
     go through ``app.send_task`` (e.g. for ``before_task_publish`` handlers,
     or routes to non-direct exchanges, which always take that path).
 
+    On kombu's Redis transport the batch is written with one LPUSH per Redis
+    list, each message built by Celery's and kombu's own steps, with the
+    envelope's JSON as PostgreSQL wrote it (:class:`_RedisWire`, where the
+    conditions are listed; docs/outbox.md).
+
     Publishing is never retried inside Celery or kombu (``retry=False``): the
     relay does its own backoff and sends the batch again, so an outage never
     blocks inside kombu while holding a batch.
