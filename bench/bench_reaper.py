@@ -139,7 +139,11 @@ def drop_database() -> None:
 
 
 def insert_expired(count: int, tenants: int, chunk: int = 100_000) -> float:
-    """``count`` finished keys that expired over the last day, tenants interleaved."""
+    """``count`` finished keys that expired over the last day, tenants interleaved.
+
+    Rows are written in the order they expire, as a constant TTL would leave
+    them: one tenant's next batch of expired keys lies in neighbouring heap pages.
+    """
     from tests.helpers import observer
 
     started = time.perf_counter()
@@ -160,9 +164,9 @@ def insert_expired(count: int, tenants: int, chunk: int = 100_000) -> float:
                        e - interval '24 hours', e - interval '24 hours', e
                   FROM generate_series(%s::bigint, %s::bigint) AS g,
                        LATERAL (SELECT now() - interval '1 minute'
-                                       - (g %% 86400) * interval '1 second' AS e) AS t
+                                       - (%s - g) * (interval '1 day' / %s) AS e) AS t
                 """,
-                [tenants, first, last],
+                [tenants, first, last, count, count],
             )
         conn.execute("VACUUM ANALYZE idempotency_keys")
         conn.execute("CHECKPOINT")

@@ -248,6 +248,8 @@ class _RedisWire:
       whose ``basic_publish``, ``_inplace_augment_message``, ``prepare_message``
       and ``_put`` are kombu's own: nothing overrides how a message is written;
     * the producer has no exchange of its own and no compression;
+    * kombu itself would pipeline publishes on this channel
+      (``supports_batch_publish``: no client-side retry configured);
     * every queue is a direct-exchange queue (``_queue_for``) without
       ``x-expires`` (kombu would add PEXPIRE commands).
 
@@ -278,6 +280,9 @@ class _RedisWire:
             and kind.prepare_message is kombu_virtual.Channel.prepare_message
             and not getattr(producer.exchange, "name", "")
             and not producer.compression
+            # kombu's own test for pipelining publishes: no client-side retry
+            # that could replay a write whose reply was lost
+            and getattr(channel, "supports_batch_publish", False)
         ):
             return None
         return cls(producer, channel)

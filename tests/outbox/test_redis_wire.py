@@ -141,7 +141,7 @@ def test_a_relayed_batch_keeps_its_order_in_the_list(queue):
 def test_queues_of_several_lists_and_priorities_in_one_batch(settings):
     """Routes to two queues, one of them with a priority: one LPUSH per Redis list."""
     names = [f"dio-outbox-wire-{uuid.uuid4().hex[:8]}" for _ in range(2)]
-    app = Celery("wire", broker=django_settings.CELERY_BROKER_URL)
+    app = Celery("wire", broker=django_settings.CELERY_BROKER_URL, set_as_current=False)
     app.conf.task_queues = [Queue(n, Exchange(n), routing_key=n) for n in names]
     app.conf.task_routes = {"t.first": {"queue": names[0]}, "t.second": {"queue": names[1]}}
     settings.OUTBOX = {**settings.OUTBOX, "CELERY_QUEUE": None, "CELERY_TASK": "t.first",
@@ -162,7 +162,7 @@ def test_queues_of_several_lists_and_priorities_in_one_batch(settings):
 
 def test_a_queue_with_x_expires_takes_the_standard_path(settings):
     name = f"dio-outbox-wire-{uuid.uuid4().hex[:8]}"
-    app = Celery("wire", broker=django_settings.CELERY_BROKER_URL)
+    app = Celery("wire", broker=django_settings.CELERY_BROKER_URL, set_as_current=False)
     app.conf.task_queues = [Queue(name, queue_arguments={"x-expires": 600_000})]
     settings.OUTBOX = {**settings.OUTBOX, "CELERY_QUEUE": name}
     publish_many(A, "order.placed", [{"n": 1}])
@@ -181,19 +181,30 @@ def test_a_queue_with_x_expires_takes_the_standard_path(settings):
 def test_a_channel_that_writes_messages_its_own_way_is_left_to_kombu(queue):
     from kombu.transport import redis as kombu_redis
 
-    class Channel(kombu_redis.Channel):
+    class Plain(kombu_redis.Channel):  # kombu's channel, as configured for batches
+        supports_batch_publish = True
+
+    class Retrying(kombu_redis.Channel):  # e.g. retry_on_timeout: kombu would not batch
+        supports_batch_publish = False
+
+    class OwnPut(Plain):
         def _put(self, queue, message, **kwargs):
             return super()._put(queue, message, **kwargs)
 
     class Producer:
-        channel = Channel.__new__(Channel)
+        channel = Plain.__new__(Plain)
         exchange = Exchange("")
         compression = None
 
-    assert _RedisWire.for_producer(Producer()) is None
-    Producer.channel = kombu_redis.Channel.__new__(kombu_redis.Channel)
     assert _RedisWire.for_producer(Producer()) is not None
+    Producer.channel = OwnPut.__new__(OwnPut)
+    assert _RedisWire.for_producer(Producer()) is None
+    Producer.channel = Retrying.__new__(Retrying)
+    assert _RedisWire.for_producer(Producer()) is None
+    Producer.channel = Plain.__new__(Plain)
     Producer.compression = "zlib"
+    assert _RedisWire.for_producer(Producer()) is None
+    Producer.compression, Producer.exchange = None, Exchange("events", "topic")
     assert _RedisWire.for_producer(Producer()) is None
 
 
