@@ -119,6 +119,7 @@ def ensure_cross_tenant(alias: str, table: str) -> None:
 def reap_expired_keys(
     *,
     batch_size: int | None = None,
+    pause: float | None = None,
     dry_run: bool = False,
     using: str | None = None,
     progress: Callable[[str], None] | None = None,
@@ -128,6 +129,7 @@ def reap_expired_keys(
 
     Args:
         batch_size: rows per delete transaction; ``REAP_BATCH_SIZE`` by default.
+        pause: seconds between two batches; ``REAP_PAUSE`` by default.
         dry_run: count what would be deleted, delete nothing.
         using: database alias; ``TENANCY["SYSTEM_DATABASE"]`` by default.
         progress: called with a line after each batch (commands print it).
@@ -143,6 +145,7 @@ def reap_expired_keys(
     started = time.monotonic()
     alias = system_alias(using)
     size = int(batch_size or idempotency_settings.REAP_BATCH_SIZE)
+    pause = float(idempotency_settings.REAP_PAUSE if pause is None else pause)
     if size < 1:
         raise ValueError(f"batch size must be at least 1, not {size}")
     connection = connections[alias]
@@ -158,7 +161,7 @@ def reap_expired_keys(
             return report
     try:
         for tenant_id in tenants_with_rows(alias, "idempotency_keys"):
-            deleted = _reap_tenant(alias, tenant_id, size, dry_run, report, progress)
+            deleted = _reap_tenant(alias, tenant_id, size, pause, dry_run, report, progress)
             report.tenants += 1 if deleted else 0
         _find_stuck(alias, report, stuck_sample)
     finally:
@@ -172,6 +175,7 @@ def _reap_tenant(
     alias: str,
     tenant_id: int,
     size: int,
+    pause: float,
     dry_run: bool,
     report: ReapReport,
     progress: Callable[[str], None] | None,
@@ -184,8 +188,13 @@ def _reap_tenant(
         report.deleted += total
         return total
     while True:
+        if report.batches and pause:
+            time.sleep(pause)  # leave the server to live traffic between batches
         started = time.monotonic()
         with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+            # A batch lost in a crash is simply deleted again by the next run,
+            # so its commit need not wait for the WAL flush (nor make others wait).
+            cursor.execute("SET LOCAL synchronous_commit = off")
             cursor.execute(_DELETE_BATCH, [tenant_id, size])
             deleted = cursor.rowcount
         elapsed = time.monotonic() - started

@@ -20,9 +20,11 @@ from idempotency import reaper
 
 
 @shared_task(name="idempotency.tasks.reap_expired_keys")
-def reap_expired_keys(batch_size: int | None = None) -> dict[str, Any]:
+def reap_expired_keys(
+    batch_size: int | None = None, pause: float | None = None
+) -> dict[str, Any]:
     """Delete expired keys of every tenant; the same job as ``reap_idempotency_keys``."""
-    return reaper.reap_expired_keys(batch_size=batch_size).as_dict()
+    return reaper.reap_expired_keys(batch_size=batch_size, pause=pause).as_dict()
 
 
 @shared_task(name="idempotency.tasks.complete_abandoned_keys")

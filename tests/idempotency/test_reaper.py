@@ -150,3 +150,27 @@ def test_the_celery_task_runs_the_same_job():
     result = task.apply(kwargs={"batch_size": 4}).get()
     assert result["deleted"] == 6 and result["batches"] == 2
     assert count_rows("idempotency_keys") == 1
+
+
+def test_the_reaper_pauses_between_batches_and_commits_them_asynchronously(monkeypatch):
+    from idempotency import reaper
+
+    make_keys(1, expired=10, live=0)
+    pauses = []
+    monkeypatch.setattr(reaper.time, "sleep", pauses.append)
+    statements = []
+
+    def capture(execute, sql, params, many, context):
+        statements.append(sql)
+        return execute(sql, params, many, context)
+
+    with connections["system"].execute_wrapper(capture):
+        report = reap_expired_keys(batch_size=4, pause=0.25)
+        with connections["system"].cursor() as cursor:
+            cursor.execute("SHOW synchronous_commit")
+            session_value = cursor.fetchone()[0]
+    assert report.batches == 3
+    assert pauses == [0.25, 0.25]  # between batches, not before the first
+    async_batches = [s for s in statements if s == "SET LOCAL synchronous_commit = off"]
+    assert len(async_batches) == 3  # one per batch (4 + 4 + 2 rows)
+    assert session_value == "on"  # SET LOCAL: the session itself is untouched

@@ -6,7 +6,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from idempotency.reaper import ReaperRefused, reap_expired_keys
-from tenancy.cli import positive_int
+from tenancy.cli import non_negative_seconds, positive_int
 
 
 class Command(BaseCommand):
@@ -23,6 +23,10 @@ class Command(BaseCommand):
             help='Rows per delete transaction (default: IDEMPOTENCY["REAP_BATCH_SIZE"]).',
         )
         parser.add_argument(
+            "--pause", type=non_negative_seconds, default=None, metavar="SECONDS",
+            help='Pause between two batches (default: IDEMPOTENCY["REAP_PAUSE"]).',
+        )
+        parser.add_argument(
             "--dry-run", action="store_true", help="Count what would be deleted; delete nothing."
         )
         parser.add_argument(
@@ -36,6 +40,7 @@ class Command(BaseCommand):
         try:
             report = reap_expired_keys(
                 batch_size=options["batch_size"],
+                pause=options["pause"],
                 dry_run=options["dry_run"],
                 using=options["database"],
                 progress=self.stdout.write if verbose else None,
