@@ -48,8 +48,8 @@ DEFAULTS: dict[str, Any] = {
     "ADMIN_DATABASE": None,
     # Rows deleted per reaper transaction, and the pause between two: the
     # reaper's share of the server, so that live traffic barely notices it.
-    "REAP_BATCH_SIZE": 500,
-    "REAP_PAUSE": 0.05,
+    "REAP_BATCH_SIZE": 100,
+    "REAP_PAUSE": 0.01,
 }
 
 idempotency_settings = AppSettings("IDEMPOTENCY", DEFAULTS)
