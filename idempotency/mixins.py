@@ -116,10 +116,7 @@ class IdempotentViewMixin:
             except Exception as exc:
                 # Unknown exceptions are re-raised here: everything rolls back.
                 response = self.handle_exception(exc)  # type: ignore[attr-defined]
-            response = self.finalize_response(request, response, *args, **kwargs)  # type: ignore[attr-defined]
-            if hasattr(response, "render"):
-                response.render()
-            return response
+            return self._rendered(response, *args, **kwargs)
 
         result = core.execute(
             ireq,
@@ -130,6 +127,13 @@ class IdempotentViewMixin:
         )
         return answer(result, replay=self.perform_replay)
 
+    def _rendered(self, response: HttpResponse, *args: Any, **kwargs: Any) -> HttpResponse:
+        """Finalize and render now: the stored body must be the bytes the client gets."""
+        response = self.finalize_response(self.request, response, *args, **kwargs)  # type: ignore[attr-defined]
+        if hasattr(response, "render"):
+            response.render()
+        return response
+
     def _run_phases(
         self, program: type[Phases], ireq: core.IdempotentRequest, kwargs: dict[str, Any]
     ) -> HttpResponse:
@@ -138,10 +142,7 @@ class IdempotentViewMixin:
             # answers, stored or not by status; anything else is transient.
             if not isinstance(exc, APIException):
                 return None
-            response = self.handle_exception(exc)  # type: ignore[attr-defined]
-            response = self.finalize_response(self.request, response)  # type: ignore[attr-defined]
-            response.render()
-            return to_stored_response(response)
+            return to_stored_response(self._rendered(self.handle_exception(exc)))  # type: ignore[attr-defined]
 
         result = phases.execute(
             program,
