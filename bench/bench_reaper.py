@@ -97,8 +97,9 @@ import json, os, sys, time
 sys.path.insert(0, os.getcwd())
 import django
 django.setup()
-from idempotency.conf import DEFAULTS
+from idempotency.conf import IdempotencySettings
 from idempotency.reaper import reap_expired_keys
+DEFAULTS = IdempotencySettings().defaults
 size = int(sys.argv[1]) or DEFAULTS["REAP_BATCH_SIZE"]
 pause = DEFAULTS["REAP_PAUSE"] if sys.argv[2] == "default" else float(sys.argv[2]) / 1000
 marks = [time.monotonic()]

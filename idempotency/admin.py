@@ -18,14 +18,14 @@ from django.db.models import Q, QuerySet
 from django.db.models.functions import Now
 from django.http import HttpRequest
 
-from idempotency.conf import as_timedelta, idempotency_settings
+from idempotency.conf import idempotency_settings
 from idempotency.models import IdempotencyKeyRecord
-from tenancy.conf import tenancy_settings
+from tenancy.aliases import system_alias
 
 
 def stuck_condition() -> Q:
     """Pending, nothing working on it (no live lease), older than ``STUCK_AFTER``."""
-    after = as_timedelta(idempotency_settings.STUCK_AFTER, 'IDEMPOTENCY["STUCK_AFTER"]')
+    after = idempotency_settings.STUCK_AFTER
     return (
         Q(state="pending")
         & (Q(locked_until__isnull=True) | Q(locked_until__lte=Now()))
@@ -76,7 +76,7 @@ class IdempotencyKeyAdmin(admin.ModelAdmin):
     show_full_result_count = False
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        alias = idempotency_settings.ADMIN_DATABASE or tenancy_settings.SYSTEM_DATABASE
+        alias = idempotency_settings.ADMIN_DATABASE or system_alias()
         return super().get_queryset(request).using(alias)
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> None:

@@ -7,7 +7,5 @@ class IdempotencyConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from idempotency.conf import idempotency_settings
-        from tenancy.checks import register_settings
-
-        register_settings(idempotency_settings)
+        # Importing the settings object registers it with the settings check.
+        from idempotency import conf  # noqa: F401

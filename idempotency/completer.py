@@ -23,11 +23,12 @@ from datetime import timedelta
 
 from django.db import connections
 
+from django_idempotency_outbox.durations import as_timedelta
 from idempotency import phases
-from idempotency.conf import as_timedelta, idempotency_settings
+from idempotency.conf import idempotency_settings
 from idempotency.core import IdempotentRequest, Outcome, Verdict
-from idempotency.reaper import ensure_cross_tenant, system_alias
-from tenancy.conf import tenancy_settings
+from tenancy.aliases import app_alias, system_alias
+from tenancy.db import require_cross_tenant
 
 logger = logging.getLogger("idempotency")
 
@@ -73,12 +74,11 @@ def complete_abandoned_keys(
     """
     started = time.monotonic()
     alias = system_alias(using)
-    ensure_cross_tenant(alias, "idempotency_keys")
-    if older_than == 0:
-        window = timedelta(0)
+    require_cross_tenant(alias, ["idempotency_keys"], job="the completer")
+    if older_than is None:
+        window = idempotency_settings.COMPLETE_AFTER
     else:
-        value = idempotency_settings.COMPLETE_AFTER if older_than is None else older_than
-        window = as_timedelta(value, 'IDEMPOTENCY["COMPLETE_AFTER"]')
+        window = as_timedelta(older_than, "older_than", allow_zero=True)
     size = int(limit or idempotency_settings.COMPLETE_BATCH_SIZE)
     scopes = phases.completable_scopes()
     report = CompleteReport()
@@ -104,7 +104,7 @@ def complete_abandoned_keys(
                 kwargs=stored.get("kwargs") or {},
                 principal=stored.get("principal", ""),
                 wait=0,
-                using=tenancy_settings.APP_DATABASE,
+                using=app_alias(),
             )
         except Exception as exc:
             report.failed += 1

@@ -46,16 +46,15 @@ from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
 import psycopg
-from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
+from django.db import IntegrityError, connections, transaction
 
-from idempotency.conf import as_timedelta, idempotency_settings
+from django_idempotency_outbox.durations import backoff
+from idempotency.conf import idempotency_settings
+from idempotency.exceptions import InvalidKey
 from tenancy import tenant_context
+from tenancy.aliases import app_alias
 
 T = TypeVar("T")
-
-
-class InvalidKey(ValueError):
-    """The Idempotency-Key header value is not a valid key."""
 
 
 def parse_key(value: str) -> str:
@@ -225,13 +224,13 @@ def execute(
         to_response: turns the handler's return value into the answer to store.
         wait: seconds to wait for a duplicate in flight before answering
             ``IN_PROGRESS``; defaults to ``IN_PROGRESS_WAIT``.
-        using: database alias (the app role); the default database when omitted.
+        using: database alias (the app role); ``TENANCY["APP_DATABASE"]`` when omitted.
 
     Returns:
         A :class:`Result`; ``value`` is the handler's return value when it ran.
     """
-    alias = using or DEFAULT_DB_ALIAS
-    ttl = request.ttl or as_timedelta(idempotency_settings.TTL, 'IDEMPOTENCY["TTL"]')
+    alias = app_alias(using)
+    ttl = request.ttl or idempotency_settings.TTL
 
     def attempt() -> Result[T]:
         for _ in range(_MAX_LOST_RACES):
@@ -260,14 +259,14 @@ def retry_while_in_progress(attempt: Callable[[], R], wait: float | None) -> R:
     """
     wait = idempotency_settings.IN_PROGRESS_WAIT if wait is None else wait
     deadline = time.monotonic() + wait
-    pause = 0.01
+    tries = 0
     while True:
         result = attempt()
         in_progress = getattr(result, "outcome", None) is Outcome.IN_PROGRESS
         if not in_progress or time.monotonic() >= deadline:
             return result
-        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-        pause = min(pause * 2, 0.2)
+        tries += 1
+        time.sleep(min(backoff(tries, 0.01, 0.2), max(0.0, deadline - time.monotonic())))
 
 
 class _Coalesce:

@@ -16,7 +16,7 @@ from idempotency.conf import as_timedelta, idempotency_settings
 from idempotency.fingerprint import canonical_path, fingerprint, principal_of
 from idempotency.responses import answer, check_request, to_stored_response
 from tenancy import tenant_context
-from tenancy.conf import tenancy_settings
+from tenancy.aliases import app_alias
 
 View = Callable[..., HttpResponse]
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
@@ -74,7 +74,7 @@ def idempotent(
                 return checked
             key, tenant_id = checked
             if key is None:  # optional and absent: run as the tenant, without a key
-                with tenant_context(tenant_id, using=tenancy_settings.APP_DATABASE):
+                with tenant_context(tenant_id, using=app_alias()):
                     return view(request, *args, **kwargs)
             method = request.method or "POST"
             path = canonical_path(request.path, request.META.get("QUERY_STRING", ""))
@@ -98,7 +98,7 @@ def idempotent(
                 return response
 
             result = core.execute(
-                ireq, run, to_stored_response, wait=wait, using=tenancy_settings.APP_DATABASE
+                ireq, run, to_stored_response, wait=wait, using=app_alias()
             )
             return answer(result)
 

@@ -24,7 +24,7 @@ from idempotency.responses import (
     to_stored_response,
 )
 from tenancy import tenant_context
-from tenancy.conf import tenancy_settings
+from tenancy.aliases import app_alias
 from tenancy.resolver import resolve_tenant
 
 
@@ -94,7 +94,7 @@ class IdempotentViewMixin:
             return checked
         key, tenant_id = checked
         if key is None:  # optional and absent: run as the tenant, without a key
-            with tenant_context(tenant_id, using=tenancy_settings.APP_DATABASE):
+            with tenant_context(tenant_id, using=app_alias()):
                 return handler(request, *args, **kwargs)
         ttl = self.idempotency_ttl
         ireq = core.IdempotentRequest(
@@ -123,7 +123,7 @@ class IdempotentViewMixin:
             run,
             to_stored_response,
             wait=self.idempotency_wait,
-            using=tenancy_settings.APP_DATABASE,
+            using=app_alias(),
         )
         return answer(result, replay=self.perform_replay)
 
@@ -152,7 +152,7 @@ class IdempotentViewMixin:
             principal=self.get_idempotency_principal(),
             on_exception=convert,
             wait=self.idempotency_wait,
-            using=tenancy_settings.APP_DATABASE,
+            using=app_alias(),
         )
         if result.outcome is core.Outcome.EXECUTED:
             assert isinstance(result.value, core.StoredResponse)

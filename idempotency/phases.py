@@ -61,7 +61,7 @@ from datetime import timedelta
 from typing import Any, ClassVar
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db import connections, transaction
 
 from idempotency.conf import as_timedelta, idempotency_settings
 from idempotency.core import (
@@ -74,7 +74,9 @@ from idempotency.core import (
     classify,
     retry_while_in_progress,
 )
+from idempotency.exceptions import IdempotencyError, LeaseLost, UnknownRecoveryPoint
 from tenancy import tenant_context
+from tenancy.aliases import app_alias
 
 #: The recovery point of a claimed request that has run no phase yet.
 STARTED = "started"
@@ -123,7 +125,7 @@ class Finish:
         return StoredResponse(self.status, body, tuple(headers))
 
 
-class Retry(Exception):  # noqa: N818 - reads as the instruction it is
+class Retry(IdempotencyError):  # noqa: N818 - reads as the instruction it is
     """Raise in a phase to declare a transient failure (e.g. a gateway timeout).
 
     The phase rolls back, the lease is released, nothing final is stored, and
@@ -147,14 +149,6 @@ class Retry(Exception):  # noqa: N818 - reads as the instruction it is
             json.dumps(body, separators=(",", ":")).encode(),
             (("Content-Type", "application/problem+json"), ("Retry-After", str(after))),
         )
-
-
-class LeaseLost(Exception):  # noqa: N818
-    """This request's lease was taken over: its phase was rolled back."""
-
-
-class UnknownRecoveryPoint(Exception):  # noqa: N818
-    """A program has no phase for a stored recovery point (a deploy renamed one?)."""
 
 
 @dataclass
@@ -357,7 +351,7 @@ def execute(
         A :class:`~idempotency.core.Result` whose ``value`` (when executed) and
         ``stored`` (when replayed) are :class:`StoredResponse` objects.
     """
-    alias = using or DEFAULT_DB_ALIAS
+    alias = app_alias(using)
     if connections[alias].in_atomic_block:
         raise RuntimeError(
             "Phases mode commits the key before the work and each phase on its own; it "

@@ -16,13 +16,15 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
-from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, transaction
 
-from idempotency.conf import as_timedelta, idempotency_settings
-from tenancy.conf import tenancy_settings
-from tenancy.db import tenants_with_rows
+from idempotency.conf import idempotency_settings
+from tenancy.aliases import system_alias
+from tenancy.db import require_cross_tenant, tenants_with_rows
+from tenancy.exceptions import CrossTenantRefused
+
+#: The reaper's refusal of an RLS-bound alias (the library's one cross-tenant error).
+ReaperRefused = CrossTenantRefused
 
 #: Session advisory lock held while a reaper runs ("idem-rea" in ASCII).
 REAP_LOCK_ID = 0x6964656D2D726561
@@ -51,10 +53,6 @@ SELECT tenant_id, scope, key, created_at, recovery_point, expires_at <= now(), c
  ORDER BY created_at
  LIMIT %s
 """
-
-
-class ReaperRefused(Exception):
-    """The reaper's database alias cannot do cross-tenant work."""
 
 
 @dataclass(frozen=True)
@@ -91,16 +89,6 @@ class ReapReport:
         data = asdict(self)
         data["stuck"] = [{**asdict(s), "created_at": s.created_at.isoformat()} for s in self.stuck]
         return data
-
-
-def system_alias(using: str | None = None) -> str:
-    alias = using or tenancy_settings.SYSTEM_DATABASE
-    if alias not in settings.DATABASES:
-        raise ImproperlyConfigured(
-            f"Database alias {alias!r} is not configured: the reaper needs a connection as the "
-            'system role (TENANCY["SYSTEM_DATABASE"], docs/roles.md).'
-        )
-    return alias
 
 
 def ensure_cross_tenant(alias: str, table: str) -> None:
@@ -140,7 +128,7 @@ def reap_expired_keys(
 
     Raises:
         ReaperRefused: the alias's role is subject to RLS on the keys table.
-        ImproperlyConfigured: the alias does not exist.
+        ConfigurationError: the alias does not exist.
     """
     started = time.monotonic()
     alias = system_alias(using)
@@ -151,7 +139,7 @@ def reap_expired_keys(
     connection = connections[alias]
     if connection.in_atomic_block:
         raise RuntimeError("reap_expired_keys() commits each batch: call it outside atomic().")
-    ensure_cross_tenant(alias, "idempotency_keys")
+    require_cross_tenant(alias, ["idempotency_keys"], job="the key reaper")
     report = ReapReport(dry_run=dry_run)
 
     with connection.cursor() as cursor:
@@ -211,7 +199,7 @@ def _reap_tenant(
 
 
 def _find_stuck(alias: str, report: ReapReport, sample: int) -> None:
-    after = as_timedelta(idempotency_settings.STUCK_AFTER, 'IDEMPOTENCY["STUCK_AFTER"]')
+    after = idempotency_settings.STUCK_AFTER
     with connections[alias].cursor() as cursor:
         cursor.execute(_STUCK, [after, sample])  # type: ignore[list-item]
         rows = cursor.fetchall()

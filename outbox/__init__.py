@@ -2,28 +2,66 @@
 
 ``from outbox import publish, Consumer`` is the usual entry point::
 
-    with tenant_context(42), transaction.atomic():
+    with tenant_context(42):
         order = Order.objects.create(...)
         publish("order.created", {"id": order.pk}, key=f"order:{order.pk}")
+
+Everything listed in ``__all__`` is the public surface; other modules are
+the implementation.
 """
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-__all__ = ["Consumer", "Message", "publish"]
+from django_idempotency_outbox import __version__
+from django_idempotency_outbox.exports import lazy_exports
 
+__all__ = [
+    "Consumer",
+    "ConsumerConfigError",
+    "InMemoryTransport",
+    "Message",
+    "NoTenant",
+    "NotInTransaction",
+    "OutboxError",
+    "Relay",
+    "Transport",
+    "__version__",
+    "publish",
+    "receive",
+    "receiver",
+    "relay_pending",
+    "run_consumers",
+    "status",
+]
 
-def __getattr__(name: str) -> Any:
-    # Imported lazily: models must not be imported while Django loads its apps.
-    if name == "publish":
-        from outbox.publishing import publish
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "publish": "outbox.publishing",
+        "Consumer": "outbox.consumers",
+        "run_consumers": "outbox.consumers",
+        "Message": "outbox.stream",
+        "receive": "outbox.receivers",
+        "receiver": "outbox.receivers",
+        "Relay": "outbox.relay",
+        "status": "outbox.status",
+        "Transport": "outbox.transports",
+        "InMemoryTransport": "outbox.testing",
+        "relay_pending": "outbox.testing",
+        "OutboxError": "outbox.exceptions",
+        "NotInTransaction": "outbox.exceptions",
+        "NoTenant": "outbox.exceptions",
+        "ConsumerConfigError": "outbox.exceptions",
+    },
+)
 
-        return publish
-    if name == "Consumer":
-        from outbox.consumers import Consumer
-
-        return Consumer
-    if name == "Message":
-        from outbox.stream import Message
-
-        return Message
-    raise AttributeError(f"module 'outbox' has no attribute {name!r}")
+if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
+    from outbox.consumers import Consumer, run_consumers
+    from outbox.exceptions import ConsumerConfigError, NoTenant, NotInTransaction, OutboxError
+    from outbox.publishing import publish
+    from outbox.receivers import receive, receiver
+    from outbox.relay import Relay
+    from outbox.status import status
+    from outbox.stream import Message
+    from outbox.testing import InMemoryTransport, relay_pending
+    from outbox.transports import Transport

@@ -7,7 +7,5 @@ class OutboxConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from outbox.conf import outbox_settings
-        from tenancy.checks import register_settings
-
-        register_settings(outbox_settings)
+        # Importing the settings object registers it with the settings check.
+        from outbox import conf  # noqa: F401

@@ -29,15 +29,16 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import Any, ClassVar
 
-from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, transaction
 from django.utils.module_loading import import_string
 
-from outbox.conf import outbox_settings, setting_seconds
+from django_idempotency_outbox.durations import backoff
+from outbox.conf import outbox_settings
+from outbox.exceptions import ConsumerConfigError
 from outbox.stream import Message, read_batch
 from tenancy import tenant_context
-from tenancy.conf import tenancy_settings
-from tenancy.db import table_facts
+from tenancy.aliases import app_alias, system_alias
+from tenancy.db import require_cross_tenant
 
 logger = logging.getLogger("outbox")
 
@@ -89,10 +90,6 @@ class Consumer:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
-
-
-class ConsumerConfigError(ImproperlyConfigured):
-    """A consumer is misconfigured (message fit for a one-line command error)."""
 
 
 def validate(consumer: Consumer) -> Consumer:
@@ -155,19 +152,7 @@ def require_cross_tenant_reader(alias: str) -> None:
     Such a role would see no message (or one tenant's), and the readers would
     wait forever or, worse, move their offsets past messages they never saw.
     """
-    if alias not in connections.settings:
-        raise ImproperlyConfigured(
-            f'TENANCY["SYSTEM_DATABASE"] = {alias!r} is not in DATABASES; the outbox reads '
-            "its stream as the system role (docs/outbox.md)."
-        )
-    facts = table_facts(alias, ["outbox_messages"]).get("outbox_messages")
-    if facts is None:
-        raise ImproperlyConfigured("outbox_messages does not exist: run manage.py migrate")
-    if facts.rls_active:
-        raise ImproperlyConfigured(
-            f"database alias {alias!r} is subject to row-level security on outbox_messages: "
-            "it cannot read across tenants (connect it as the system role, docs/outbox.md)."
-        )
+    require_cross_tenant(alias, ["outbox_messages"], job="reading the outbox")
 
 
 def ensure_offsets(consumer: Consumer, using: str | None = None) -> None:
@@ -177,7 +162,7 @@ def ensure_offsets(consumer: Consumer, using: str | None = None) -> None:
         ConsumerConfigError: the rows exist with another partition count; the
             partitions would no longer match the messages they have passed.
     """
-    alias = using or tenancy_settings.APP_DATABASE
+    alias = app_alias(using)
     with connections[alias].cursor() as cursor:
         cursor.execute(
             "SELECT DISTINCT partition_count FROM consumer_offsets WHERE name = %s",
@@ -249,8 +234,8 @@ def run_batch(consumer: Consumer, partition: int = 0) -> BatchResult:
     partition, and with ``waiting=True`` while a failed head message waits
     for its next attempt.
     """
-    app = tenancy_settings.APP_DATABASE
-    system = tenancy_settings.SYSTEM_DATABASE
+    app = app_alias()
+    system = system_alias()
     limit = consumer.batch_size or outbox_settings.CONSUMER_BATCH_SIZE
     max_attempts = consumer.max_attempts or outbox_settings.MAX_ATTEMPTS
     with transaction.atomic(using=app):
@@ -307,8 +292,7 @@ def run_batch(consumer: Consumer, partition: int = 0) -> BatchResult:
 
 
 def _retry_delay(attempts: int) -> float:
-    first = setting_seconds("RETRY_BACKOFF")
-    return min(first * 2 ** (attempts - 1), setting_seconds("RETRY_BACKOFF_MAX"))
+    return backoff(attempts, outbox_settings.RETRY_BACKOFF, outbox_settings.RETRY_BACKOFF_MAX)
 
 
 def _advance(
@@ -401,7 +385,7 @@ def run_consumers(
     from outbox.loops import run_loop, stop_on_signals
     from outbox.publishing import wake_up
 
-    require_cross_tenant_reader(tenancy_settings.SYSTEM_DATABASE)
+    require_cross_tenant_reader(system_alias())
     for consumer in consumers:
         validate(consumer)
         ensure_offsets(consumer)

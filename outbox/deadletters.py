@@ -23,7 +23,7 @@ from django.db import connections, transaction
 from outbox.consumers import Consumer, ConsumerConfigError, configured_consumers
 from outbox.stream import Message
 from tenancy import tenant_context
-from tenancy.conf import tenancy_settings
+from tenancy.aliases import app_alias, system_alias
 
 logger = logging.getLogger("outbox")
 
@@ -56,7 +56,7 @@ def list_parked(
         where.append("tenant_id = %s")
         params.append(tenant_id)
     params.append(limit)
-    with connections[tenancy_settings.SYSTEM_DATABASE].cursor() as cursor:
+    with connections[system_alias()].cursor() as cursor:
         cursor.execute(
             "SELECT tenant_id, id, consumer, message_id::text, topic, key, attempts, parked_at,"
             " error FROM outbox_dead_letters"
@@ -68,7 +68,7 @@ def list_parked(
 
 def count_parked() -> dict[str, int]:
     """Parked messages per consumer, across tenants."""
-    with connections[tenancy_settings.SYSTEM_DATABASE].cursor() as cursor:
+    with connections[system_alias()].cursor() as cursor:
         cursor.execute("SELECT consumer, count(*) FROM outbox_dead_letters GROUP BY consumer")
         return dict(cursor.fetchall())
 
@@ -128,7 +128,7 @@ def redrive(
 def _redrive_one(
     consumers: dict[str, Consumer], tenant: int, row_id: int, only: str | None
 ) -> str:
-    alias = tenancy_settings.APP_DATABASE
+    alias = app_alias()
     with tenant_context(tenant, using=alias):
         with connections[alias].cursor() as cursor:
             cursor.execute(_LOCK_ROW, [tenant, row_id])

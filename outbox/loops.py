@@ -19,7 +19,8 @@ from types import FrameType
 
 from django.db import InterfaceError, OperationalError, close_old_connections, connections
 
-from outbox.conf import outbox_settings, setting_seconds
+from django_idempotency_outbox.durations import backoff
+from outbox.conf import outbox_settings
 
 logger = logging.getLogger("outbox")
 
@@ -88,9 +89,7 @@ def run_loop(
             if once:
                 raise
             failures += 1
-            pause = min(
-                setting_seconds("DATABASE_BACKOFF") * 2 ** (failures - 1), MAX_DATABASE_BACKOFF
-            )
+            pause = backoff(failures, outbox_settings.DATABASE_BACKOFF, MAX_DATABASE_BACKOFF)
             logger.warning(
                 "outbox: %s lost the database (%s); retrying in %.1f s",
                 name, str(exc).strip().splitlines()[0] if str(exc).strip() else exc, pause,
@@ -106,7 +105,7 @@ def run_loop(
         if once:
             return
         if wake_up is not None:
-            wake_up.wait(float(outbox_settings.POLL_INTERVAL))
+            wake_up.wait(outbox_settings.POLL_INTERVAL)
             wake_up.clear()
         else:
-            stop.wait(float(outbox_settings.POLL_INTERVAL))
+            stop.wait(outbox_settings.POLL_INTERVAL)

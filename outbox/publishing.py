@@ -14,25 +14,14 @@ from django.db import connections, transaction
 from django.utils.module_loading import import_string
 
 from outbox.conf import outbox_settings
+from outbox.exceptions import NoTenant, NotInTransaction
 from tenancy import current_tenant_id
-from tenancy.conf import tenancy_settings
+from tenancy.aliases import app_alias
 
 logger = logging.getLogger("outbox")
 
 #: Set after a commit that published; relays running in this process wait on it.
 wake_up = threading.Event()
-
-
-class OutboxError(Exception):
-    """Base class of the outbox's errors."""
-
-
-class NotInTransaction(OutboxError):
-    """``publish()`` was called outside ``transaction.atomic()``."""
-
-
-class NoTenant(OutboxError):
-    """``publish()`` was called without a tenant context."""
 
 
 _INSERT = """
@@ -87,7 +76,7 @@ def publish(
         NoTenant: no :func:`tenancy.tenant_context` is open.
         TypeError: the payload or headers are not JSON-serialisable.
     """
-    alias = using or tenancy_settings.APP_DATABASE
+    alias = app_alias(using)
     connection = connections[alias]
     if not connection.in_atomic_block:
         raise NotInTransaction(

@@ -25,7 +25,7 @@ from django.db import connections
 
 from outbox.stream import Message
 from tenancy import tenant_context
-from tenancy.conf import tenancy_settings
+from tenancy.aliases import app_alias
 
 T = TypeVar("T")
 
@@ -57,7 +57,7 @@ def receive(
         ``(True, result)`` when the handler ran, ``(False, None)`` for a duplicate.
     """
     message = envelope if isinstance(envelope, Message) else Message.from_envelope(envelope)
-    alias = using or tenancy_settings.APP_DATABASE
+    alias = app_alias(using)
     with tenant_context(message.tenant_id, using=alias):
         with connections[alias].cursor() as cursor:
             cursor.execute(_RECORD, [message.tenant_id, receiver, message.message_id])

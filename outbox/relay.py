@@ -31,13 +31,14 @@ import uuid
 
 from django.db import connections
 
-from outbox.conf import outbox_settings, setting_seconds
+from django_idempotency_outbox.durations import backoff
+from outbox.conf import outbox_settings
 from outbox.consumers import require_cross_tenant_reader
 from outbox.loops import DATABASE_ERRORS, run_loop, stop_on_signals
 from outbox.publishing import wake_up
 from outbox.stream import Batch, Envelope, Message, read_batch, read_envelopes
 from outbox.transports import Transport, get_transport
-from tenancy.conf import tenancy_settings
+from tenancy.aliases import system_alias
 
 logger = logging.getLogger("outbox")
 
@@ -80,7 +81,7 @@ class Relay:
         self.offset_name = f"relay:{self.name}"
         self.batch_size = batch_size or outbox_settings.RELAY_BATCH_SIZE
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.alias = tenancy_settings.SYSTEM_DATABASE
+        self.alias = system_alias()
         self.stop = threading.Event()
         self.sent = 0
         self._broker_failures = 0
@@ -94,7 +95,7 @@ class Relay:
         if self._position is not None and time.monotonic() < self._renew_at:
             return self._position
         self._position = None
-        lease = setting_seconds("RELAY_LEASE")
+        lease = outbox_settings.RELAY_LEASE
         started = time.monotonic()
         with connections[self.alias].cursor() as cursor:
             cursor.execute(_CLAIM, [self.owner, lease, self.offset_name, self.owner])
@@ -146,9 +147,10 @@ class Relay:
         except Exception as exc:
             self._position = None  # re-read the offset and renew the lease next time
             self._broker_failures += 1
-            pause = min(
-                setting_seconds("BROKER_BACKOFF") * 2 ** (self._broker_failures - 1),
-                setting_seconds("BROKER_BACKOFF_MAX"),
+            pause = backoff(
+                self._broker_failures,
+                outbox_settings.BROKER_BACKOFF,
+                outbox_settings.BROKER_BACKOFF_MAX,
             )
             logger.warning(
                 "outbox: relay %s could not send %d message(s) (%s: %s); "

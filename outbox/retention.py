@@ -17,13 +17,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
-from outbox.conf import outbox_settings, setting_seconds
+from outbox.conf import outbox_settings
 from outbox.consumers import configured_consumers
-from tenancy.conf import tenancy_settings
-from tenancy.db import table_facts, tenants_with_rows
+from tenancy.aliases import system_alias
+from tenancy.db import require_cross_tenant, tenants_with_rows
 
 logger = logging.getLogger("outbox")
 
@@ -35,27 +34,13 @@ class ReapResult:
     horizon: tuple[int, int] | None
 
 
-def _require_bypass(alias: str) -> None:
-    tables = ["outbox_messages", "outbox_received"]
-    facts = table_facts(alias, tables)
-    missing = [t for t in tables if t not in facts]
-    if missing:
-        raise ImproperlyConfigured(f"{', '.join(missing)} missing: run manage.py migrate")
-    bound = [t for t in tables if facts[t].rls_active]
-    if bound:
-        raise ImproperlyConfigured(
-            f"reap_outbox: database alias {alias!r} is subject to row-level security on "
-            f"{', '.join(bound)}; it must run as the system role (docs/outbox.md)."
-        )
-
-
 def horizon(using: str | None = None) -> tuple[int, int] | None:
     """The lowest reader position: messages strictly below it were passed by all.
 
     None when some configured reader has no offset row yet (nothing may be
     deleted) or when there are no readers at all.
     """
-    alias = using or tenancy_settings.SYSTEM_DATABASE
+    alias = system_alias(using)
     expected = {(c.name, p) for c in configured_consumers() for p in range(c.partitions)}
     if outbox_settings.RELAY:
         expected.add((f"relay:{outbox_settings.RELAY_NAME}", 0))
@@ -91,15 +76,15 @@ def reap(batch_size: int | None = None, using: str | None = None) -> ReapResult:
     """Delete expired, passed messages and old receiver records; return the counts.
 
     Raises:
-        ImproperlyConfigured: the alias is subject to row-level security
+        CrossTenantRefused: the alias is subject to row-level security
             (it would see, and delete, at most one tenant's rows).
     """
-    alias = using or tenancy_settings.SYSTEM_DATABASE
+    alias = system_alias(using)
     size = batch_size or outbox_settings.REAP_BATCH_SIZE
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"batch size must be a positive int, not {size!r}")
-    _require_bypass(alias)
-    retention = setting_seconds("RETENTION")
+    require_cross_tenant(alias, ["outbox_messages", "outbox_received"], job="reap_outbox")
+    retention = outbox_settings.RETENTION
     limit = horizon(alias)
     messages = 0
     if limit is not None:
@@ -113,7 +98,7 @@ def reap(batch_size: int | None = None, using: str | None = None) -> ReapResult:
             if deleted < size:
                 break
     received = 0
-    keep = setting_seconds("RECEIVED_RETENTION")
+    keep = outbox_settings.RECEIVED_RETENTION
     for tenant_id in tenants_with_rows(alias, "outbox_received"):
         while True:
             with connections[alias].cursor() as cursor:

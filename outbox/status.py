@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from django.db import connections
 
-from tenancy.conf import tenancy_settings
+from tenancy.aliases import system_alias
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def status(using: str | None = None) -> Status:
     messages are waiting behind the fence. Its query text and age need the
     system role to be a member of ``pg_read_all_stats`` (else they are None).
     """
-    alias = using or tenancy_settings.SYSTEM_DATABASE
+    alias = system_alias(using)
     with connections[alias].cursor() as cursor:
         cursor.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text")
         fence = int(cursor.fetchone()[0])

@@ -13,9 +13,9 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
+from django_idempotency_outbox.errors import ConfigurationError
 from outbox.conf import outbox_settings
 from outbox.stream import Envelope, Message
 
@@ -112,7 +112,7 @@ class CeleryTransport(Transport):
     def task_for(self, topic: str) -> str:
         task = outbox_settings.CELERY_TOPIC_TASKS.get(topic) or outbox_settings.CELERY_TASK
         if not task:
-            raise ImproperlyConfigured(
+            raise ConfigurationError(
                 f'no Celery task for topic {topic!r}: set OUTBOX["CELERY_TASK"] or '
                 'OUTBOX["CELERY_TOPIC_TASKS"]'
             )
@@ -343,7 +343,7 @@ def get_transport(transport: Transport | str | None = None) -> Transport:
         try:
             value = import_string(value)
         except ImportError as exc:
-            raise ImproperlyConfigured(f'OUTBOX["TRANSPORT"]: cannot import {value!r}') from exc
+            raise ConfigurationError(f'OUTBOX["TRANSPORT"]: cannot import {value!r}') from exc
     if isinstance(value, type) and issubclass(value, Transport):
         return value()
-    raise ImproperlyConfigured(f'OUTBOX["TRANSPORT"] = {value!r} is not an outbox Transport')
+    raise ConfigurationError(f'OUTBOX["TRANSPORT"] = {value!r} is not an outbox Transport')

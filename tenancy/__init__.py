@@ -7,6 +7,16 @@ table of the library carries a row-level security policy comparing its
 database, whatever query reaches it.
 """
 
+from django_idempotency_outbox import __version__
 from tenancy.context import GUC, current_tenant_id, tenant_context, validate_tenant_id
+from tenancy.exceptions import CrossTenantRefused, TenancyError
 
-__all__ = ["GUC", "current_tenant_id", "tenant_context", "validate_tenant_id"]
+__all__ = [
+    "GUC",
+    "CrossTenantRefused",
+    "TenancyError",
+    "__version__",
+    "current_tenant_id",
+    "tenant_context",
+    "validate_tenant_id",
+]

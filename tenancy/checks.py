@@ -15,16 +15,10 @@ from django.conf import settings
 from django.core import checks
 from django.db import DatabaseError
 
-from tenancy.conf import AppSettings, tenancy_settings
+from django_idempotency_outbox.conf import registered
+from django_idempotency_outbox.errors import ConfigurationError
+from tenancy.conf import tenancy_settings
 from tenancy.db import role_facts, table_facts, tenant_isolated_tables
-
-_known_settings: list[AppSettings] = [tenancy_settings]
-
-
-def register_settings(app_settings: AppSettings) -> None:
-    """Let the unknown-key check cover another app's settings dict."""
-    if app_settings not in _known_settings:
-        _known_settings.append(app_settings)
 
 
 def register() -> None:
@@ -39,10 +33,11 @@ def _is_postgresql(alias: str) -> bool:
 
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     errors: list[checks.CheckMessage] = []
-    for app_settings in _known_settings:
+    for app_settings in registered():
         try:
             unknown = app_settings.unknown_keys()
-        except Exception as exc:  # ImproperlyConfigured: not a dict
+            invalid = app_settings.invalid_keys()
+        except Exception as exc:  # ConfigurationError: not a dict
             errors.append(checks.Error(str(exc), id="tenancy.E001"))
             continue
         for key in unknown:
@@ -53,8 +48,19 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                     id="tenancy.E002",
                 )
             )
-    app_alias = tenancy_settings.APP_DATABASE
-    system_alias = tenancy_settings.SYSTEM_DATABASE
+        for key, problem in sorted(invalid.items()):
+            errors.append(
+                checks.Error(
+                    f"Invalid setting {app_settings.label(key)}: {problem}",
+                    hint="docs/settings.md lists each setting's type and default.",
+                    id="tenancy.E007",
+                )
+            )
+    try:
+        app_alias = tenancy_settings.APP_DATABASE
+        system_alias = tenancy_settings.SYSTEM_DATABASE
+    except ConfigurationError:
+        return errors  # reported above (E001 or E007)
     if app_alias not in settings.DATABASES:
         errors.append(
             checks.Error(

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db import connections, transaction
+
+from tenancy.aliases import app_alias
 
 #: The PostgreSQL setting that the row-level security policies compare with.
 GUC = "app.tenant_id"
@@ -29,11 +33,18 @@ def validate_tenant_id(tenant_id: Any) -> int:
     return int(tenant_id)
 
 
+#: The tenants of the open contexts, innermost last, per connection wrapper
+#: (Django's wrappers are per thread). Weak keys: a closed-and-dropped
+#: wrapper takes its stack with it.
+_stacks: weakref.WeakKeyDictionary[Any, list[int]] = weakref.WeakKeyDictionary()
+_stacks_lock = threading.Lock()
+
+
 def _stack(connection: Any) -> list[int]:
-    # One stack per connection wrapper; Django's wrappers are per thread.
-    stack: list[int] | None = connection.__dict__.get("_tenancy_stack")
+    stack = _stacks.get(connection)
     if stack is None:
-        stack = connection.__dict__["_tenancy_stack"] = []
+        with _stacks_lock:
+            stack = _stacks.setdefault(connection, [])
     return stack
 
 
@@ -54,6 +65,10 @@ def tenant_context(tenant_id: int, *, using: str | None = None) -> Iterator[int]
     leaving an inner one, the outer tenant (or no tenant) is restored, because
     a transaction-local setting survives the release of a savepoint.
 
+    A context for the tenant that is already in force (the innermost open
+    context is for the same tenant) opens only its savepoint: the setting is
+    not sent again, and nothing is restored on leaving it.
+
     Example::
 
         with tenant_context(42):
@@ -61,19 +76,23 @@ def tenant_context(tenant_id: int, *, using: str | None = None) -> Iterator[int]
 
     Args:
         tenant_id: the tenant, an int in PostgreSQL's bigint range.
-        using: database alias; the default database when omitted.
+        using: database alias; ``TENANCY["APP_DATABASE"]`` when omitted.
 
     Raises:
         TypeError, ValueError: ``tenant_id`` is not a valid tenant id.
     """
     tenant_id = validate_tenant_id(tenant_id)
-    alias = using or DEFAULT_DB_ALIAS
+    alias = app_alias(using)
     connection = connections[alias]
     outermost = not connection.in_atomic_block
     with transaction.atomic(using=alias):
         stack = _stack(connection)
+        if outermost:
+            stack.clear()  # left over from a transaction that ended under us
         previous = stack[-1] if stack else None
-        _set(connection, tenant_id)
+        switch = previous != tenant_id
+        if switch:
+            _set(connection, tenant_id)
         stack.append(tenant_id)
         try:
             yield tenant_id
@@ -82,13 +101,13 @@ def tenant_context(tenant_id: int, *, using: str | None = None) -> Iterator[int]
             stack.pop()
             raise
         stack.pop()
-        if not outermost and not connection.needs_rollback:
+        if switch and not outermost and not connection.needs_rollback:
             _set(connection, previous)
 
 
 def current_tenant_id(using: str | None = None) -> int | None:
     """The tenant set by the innermost open :func:`tenant_context`, or None."""
-    connection = connections[using or DEFAULT_DB_ALIAS]
+    connection = connections[app_alias(using)]
     if not connection.in_atomic_block:
         return None
     stack = _stack(connection)

@@ -1,12 +1,22 @@
-"""What the database says about the roles and tables in use."""
+"""What the database says about the roles and tables in use, and the one guard built on it.
+
+Catalog queries only (``pg_roles``, ``pg_class``, ``pg_policy``): the
+system checks and the cross-tenant guard read them; no table of the library
+is touched here.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django.apps import apps
+from django.conf import settings
 from django.db import connections
 from django.db.models import Model
+
+from django_idempotency_outbox.errors import ConfigurationError
+from tenancy.exceptions import CrossTenantRefused
 
 
 @dataclass(frozen=True)
@@ -19,7 +29,6 @@ class RoleFacts:
 @dataclass(frozen=True)
 class TableFacts:
     name: str
-    owner: str
     owned_by_current_role: bool
     rls_enabled: bool
     rls_forced: bool
@@ -52,7 +61,6 @@ def table_facts(using: str, tables: list[str]) -> dict[str, TableFacts]:
         cursor.execute(
             """
             SELECT c.relname,
-                   pg_get_userbyid(c.relowner),
                    pg_has_role(current_user, c.relowner, 'MEMBER'),
                    c.relrowsecurity,
                    c.relforcerowsecurity,
@@ -98,3 +106,39 @@ def tenants_with_rows(using: str, table: str) -> list[int]:
     with connections[using].cursor() as cursor:
         cursor.execute(_TENANTS.format(table=table))
         return [row[0] for row in cursor.fetchall()]
+
+
+def require_cross_tenant(alias: str, tables: Sequence[str], *, job: str) -> None:
+    """Refuse cross-tenant ``job`` on an alias that row-level security confines.
+
+    The one answer to "may this alias see every tenant's rows of ``tables``?",
+    asked by every cross-tenant job (reapers, relay, stream reads, completer)
+    before its first statement.
+
+    Args:
+        alias: the database alias the job would use.
+        tables: the library tables it reads or deletes across tenants.
+        job: what is refused, for the message (``"the key reaper"``).
+
+    Raises:
+        ConfigurationError: the alias is not configured, or a table is missing
+            (migrations not run).
+        CrossTenantRefused: RLS applies to the alias's role on one of ``tables``.
+    """
+    if alias not in settings.DATABASES:
+        raise ConfigurationError(
+            f"Database alias {alias!r} is not configured: {job} needs a connection as the "
+            'system role (TENANCY["SYSTEM_DATABASE"], docs/roles.md).'
+        )
+    facts = table_facts(alias, list(tables))
+    missing = [table for table in tables if table not in facts]
+    if missing:
+        raise ConfigurationError(f"{', '.join(missing)} does not exist: run manage.py migrate")
+    confined = [table for table in tables if facts[table].rls_active]
+    if confined:
+        role = role_facts(alias).name
+        raise CrossTenantRefused(
+            f"Database alias {alias!r} connects as {role!r}, which is subject to row-level "
+            f"security on {', '.join(confined)}: {job} cannot see other tenants' rows. Use the "
+            'system role (TENANCY["SYSTEM_DATABASE"], docs/roles.md).'
+        )

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
+from django_idempotency_outbox.errors import ConfigurationError
 from tenancy.conf import tenancy_settings
 from tenancy.context import validate_tenant_id
 
@@ -18,7 +18,7 @@ def get_resolver() -> Resolver:
     """The callable named by ``TENANCY["TENANT_RESOLVER"]``."""
     path = tenancy_settings.TENANT_RESOLVER
     if path is None:
-        raise ImproperlyConfigured(
+        raise ConfigurationError(
             'TENANCY["TENANT_RESOLVER"] is not set: name a callable(request) -> int | None '
             "that returns the tenant of an authenticated request."
         )
@@ -27,7 +27,7 @@ def get_resolver() -> Resolver:
     try:
         return import_string(path)  # type: ignore[no-any-return]
     except ImportError as exc:
-        raise ImproperlyConfigured(f'TENANCY["TENANT_RESOLVER"] = {path!r}: {exc}') from exc
+        raise ConfigurationError(f'TENANCY["TENANT_RESOLVER"] = {path!r}: {exc}') from exc
 
 
 def resolve_tenant(request: Any) -> int | None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from django.core.management import get_commands
 
-from tenancy.checks import _known_settings
+from django_idempotency_outbox.conf import registered
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 LIBRARY_APPS = {"tenancy", "idempotency", "outbox"}
@@ -17,7 +17,7 @@ LIBRARY_APPS = {"tenancy", "idempotency", "outbox"}
 def test_every_setting_is_documented_in_settings_md():
     text = (DOCS / "settings.md").read_text()
     missing = []
-    for app_settings in _known_settings:
+    for app_settings in registered():
         if f"`{app_settings.name}`" not in text:
             missing.append(app_settings.name)
         for key in app_settings.defaults:

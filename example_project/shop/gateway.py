@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import requests
 from django.conf import settings
 
-from idempotency.phases import Retry
+from idempotency import Retry
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ charged          -> order paid, ``order.paid`` published     (the receipt goes o
 
 from rest_framework.exceptions import NotFound
 
-from idempotency.phases import Finish, Phases, RecoveryPoint
+from idempotency import Finish, Phases, RecoveryPoint
 from outbox import publish
 
 from . import gateway

@@ -3,7 +3,7 @@
 from celery import shared_task
 from django.core.mail import send_mail
 
-from outbox.receivers import receiver
+from outbox import receiver
 
 from .models import Receipt
 

@@ -1,6 +1,6 @@
 from django.db import migrations
 
-from tenancy.sqlfiles import RunSQLFile
+from django_idempotency_outbox.sqlfiles import RunSQLFile
 
 
 class Migration(migrations.Migration):

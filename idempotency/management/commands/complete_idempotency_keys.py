@@ -5,9 +5,8 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from django_idempotency_outbox.cli import non_negative_seconds, positive_int
 from idempotency.completer import complete_abandoned_keys
-from idempotency.reaper import ReaperRefused
-from tenancy.cli import non_negative_seconds, positive_int
 
 
 class Command(BaseCommand):
@@ -40,7 +39,7 @@ class Command(BaseCommand):
                 using=options["database"],
                 progress=self.stdout.write if verbose else None,
             )
-        except (ReaperRefused, ImproperlyConfigured, ValueError) as exc:
+        except (ImproperlyConfigured, ValueError) as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(
             f"Found {report.found} abandoned keys: {report.completed} completed, "

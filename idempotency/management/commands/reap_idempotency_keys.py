@@ -5,8 +5,8 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from idempotency.reaper import ReaperRefused, reap_expired_keys
-from tenancy.cli import non_negative_seconds, positive_int
+from django_idempotency_outbox.cli import non_negative_seconds, positive_int
+from idempotency.reaper import reap_expired_keys
 
 
 class Command(BaseCommand):
@@ -45,7 +45,7 @@ class Command(BaseCommand):
                 using=options["database"],
                 progress=self.stdout.write if verbose else None,
             )
-        except (ReaperRefused, ImproperlyConfigured, ValueError, RuntimeError) as exc:
+        except (ImproperlyConfigured, ValueError, RuntimeError) as exc:
             raise CommandError(str(exc)) from exc
         if report.skipped:
             self.stdout.write("Another reaper is running (advisory lock held); nothing done.")

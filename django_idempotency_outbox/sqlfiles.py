@@ -12,6 +12,7 @@ from django.db import migrations
 
 
 def read_sql(package: str, name: str) -> str:
+    """The text of ``<package>/sql/<name>``."""
     return resources.files(package).joinpath("sql", name).read_text(encoding="utf-8")
 
 

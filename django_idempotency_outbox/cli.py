@@ -22,6 +22,6 @@ def non_negative_seconds(value: str) -> float:
         number = float(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative")
+    if number < 0 or number != number:  # NaN compares unequal to itself
+        raise argparse.ArgumentTypeError(f"{value} is not a number of seconds, 0 or more")
     return number

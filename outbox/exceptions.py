@@ -1,0 +1,21 @@
+"""Errors of the outbox app."""
+
+from __future__ import annotations
+
+from django_idempotency_outbox.errors import ConfigurationError, IdempotencyOutboxError
+
+
+class OutboxError(IdempotencyOutboxError):
+    """Base class of the outbox's errors."""
+
+
+class NotInTransaction(OutboxError):
+    """``publish()`` was called outside ``transaction.atomic()``."""
+
+
+class NoTenant(OutboxError):
+    """``publish()`` was called without a tenant context."""
+
+
+class ConsumerConfigError(OutboxError, ConfigurationError):
+    """A consumer is misconfigured (message fit for a one-line command error)."""
