@@ -29,13 +29,15 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import Any, ClassVar
 
-from django.db import connections, transaction
+from django.db import transaction
 from django.utils.module_loading import import_string
 
 from django_idempotency_outbox.durations import backoff
+from outbox import store
 from outbox.conf import outbox_settings
 from outbox.exceptions import ConsumerConfigError
-from outbox.stream import Message, read_batch
+from outbox.store import HeadFailure
+from outbox.stream import Message
 from tenancy import tenant_context
 from tenancy.aliases import app_alias, system_alias
 from tenancy.db import require_cross_tenant
@@ -163,24 +165,14 @@ def ensure_offsets(consumer: Consumer, using: str | None = None) -> None:
             partitions would no longer match the messages they have passed.
     """
     alias = app_alias(using)
-    with connections[alias].cursor() as cursor:
-        cursor.execute(
-            "SELECT DISTINCT partition_count FROM consumer_offsets WHERE name = %s",
-            [consumer.name],
+    counts = store.partition_counts(alias, consumer.name)
+    if counts and counts != {consumer.partitions}:
+        raise ConsumerConfigError(
+            f"consumer {consumer.name!r} has {consumer.partitions} partition(s) but its "
+            f"offsets were made with {sorted(counts)}; see docs/consumers.md, "
+            "'Changing the number of partitions'."
         )
-        counts = {row[0] for row in cursor.fetchall()}
-        if counts and counts != {consumer.partitions}:
-            raise ConsumerConfigError(
-                f"consumer {consumer.name!r} has {consumer.partitions} partition(s) but its "
-                f"offsets were made with {sorted(counts)}; see docs/consumers.md, "
-                "'Changing the number of partitions'."
-            )
-        cursor.execute(
-            "INSERT INTO consumer_offsets (name, partition, partition_count)"
-            " SELECT %s, p, %s FROM generate_series(0, %s - 1) AS p"
-            " ON CONFLICT (name, partition) DO NOTHING",
-            [consumer.name, consumer.partitions, consumer.partitions],
-        )
+    store.create_offsets(alias, consumer.name, consumer.partitions)
 
 
 @dataclass(frozen=True)
@@ -204,29 +196,6 @@ class BatchResult:
     full: bool = False
 
 
-_LOCK = """
-SELECT last_xid::text, last_id, attempts, coalesce(retry_at > now(), false),
-       coalesce(last_processed_at < now() - interval '5 seconds', true)
-  FROM consumer_offsets
- WHERE name = %s AND partition = %s
-   FOR UPDATE SKIP LOCKED
-"""
-
-_ADVANCE = """
-UPDATE consumer_offsets
-   SET last_xid = %s::xid8, last_id = %s, last_processed_at = now(),
-       attempts = %s, retry_at = now() + make_interval(secs => %s), last_error = %s
- WHERE name = %s AND partition = %s
-"""
-
-_PARK = """
-INSERT INTO outbox_dead_letters
-       (tenant_id, consumer, message_pk, message_id, topic, key, aggregate_type,
-        aggregate_id, payload, headers, message_created_at, attempts, error)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, %s, %s, %s)
-"""
-
-
 def run_batch(consumer: Consumer, partition: int = 0) -> BatchResult:
     """Handle the next batch of one consumer partition, in one transaction.
 
@@ -239,17 +208,14 @@ def run_batch(consumer: Consumer, partition: int = 0) -> BatchResult:
     limit = consumer.batch_size or outbox_settings.CONSUMER_BATCH_SIZE
     max_attempts = consumer.max_attempts or outbox_settings.MAX_ATTEMPTS
     with transaction.atomic(using=app):
-        with connections[app].cursor() as cursor:
-            cursor.execute(_LOCK, [consumer.name, partition])
-            row = cursor.fetchone()
-        if row is None:
+        offset = store.lock_offset(app, consumer.name, partition)
+        if offset is None:
             return BatchResult(locked=True)
-        last_xid, last_id, attempts, waiting, stale = row
-        if waiting:
+        if offset.waiting:
             return BatchResult(waiting=True)
-        batch = read_batch(
+        batch = store.read_batch(
             system,
-            (int(last_xid), last_id),
+            offset.position,
             limit,
             topics=consumer.topics,
             partition=partition,
@@ -257,19 +223,19 @@ def run_batch(consumer: Consumer, partition: int = 0) -> BatchResult:
         )
         messages = batch.messages
         if not messages:
-            if stale and batch.passed > (int(last_xid), last_id):
-                _advance(app, consumer, partition, batch.passed, 0, None, "")
+            if offset.stale and batch.passed > offset.position:
+                store.advance_offset(app, consumer.name, partition, batch.passed)
             return BatchResult()
         done, failure = _handle(consumer, messages, app)
-        position = messages[done - 1].position if done else (int(last_xid), last_id)
+        position = messages[done - 1].position if done else offset.position
         if failure is None:
             if len(messages) < limit and batch.passed > position:
                 position = batch.passed
-            _advance(app, consumer, partition, position, 0, None, "")
+            store.advance_offset(app, consumer.name, partition, position)
             return BatchResult(handled=done, full=len(messages) == limit)
 
         message, exc = failure
-        attempts = (attempts if done == 0 else 0) + 1
+        attempts = (offset.attempts if done == 0 else 0) + 1
         error = "".join(traceback.format_exception(exc)).strip()
         if attempts >= max_attempts:
             logger.error(
@@ -277,8 +243,9 @@ def run_batch(consumer: Consumer, partition: int = 0) -> BatchResult:
                 consumer.name, message.message_id, message.tenant_id, message.topic,
                 attempts, exc,
             )
-            _park(app, consumer, message, attempts, error)
-            _advance(app, consumer, partition, message.position, 0, None, "")
+            with tenant_context(message.tenant_id, using=app):
+                store.park(app, consumer.name, message, attempts, error)
+            store.advance_offset(app, consumer.name, partition, message.position)
             return BatchResult(handled=done, failed=True, parked=True, full=True)
         delay = _retry_delay(attempts)
         logger.warning(
@@ -287,28 +254,13 @@ def run_batch(consumer: Consumer, partition: int = 0) -> BatchResult:
             consumer.name, message.message_id, message.tenant_id, message.topic,
             attempts, max_attempts, delay, exc,
         )
-        _advance(app, consumer, partition, position, attempts, delay, error[-4000:])
+        store.advance_offset(app, consumer.name, partition, position,
+                             HeadFailure(attempts, delay, error[-4000:]))
         return BatchResult(handled=done, failed=True)
 
 
 def _retry_delay(attempts: int) -> float:
     return backoff(attempts, outbox_settings.RETRY_BACKOFF, outbox_settings.RETRY_BACKOFF_MAX)
-
-
-def _advance(
-    alias: str,
-    consumer: Consumer,
-    partition: int,
-    position: tuple[int, int],
-    attempts: int,
-    delay: float | None,
-    error: str,
-) -> None:
-    with connections[alias].cursor() as cursor:
-        cursor.execute(
-            _ADVANCE,
-            [str(position[0]), position[1], attempts, delay, error, consumer.name, partition],
-        )
 
 
 def _handle(
@@ -339,32 +291,6 @@ def _handle(
         except Exception as exc:
             return index, (message, exc)
     return len(messages), None
-
-
-def _park(alias: str, consumer: Consumer, message: Message, attempts: int, error: str) -> None:
-    import json
-
-    from django.core.serializers.json import DjangoJSONEncoder
-
-    with tenant_context(message.tenant_id, using=alias), connections[alias].cursor() as cursor:
-        cursor.execute(
-            _PARK,
-            [
-                message.tenant_id,
-                consumer.name,
-                message.id,
-                message.message_id,
-                message.topic,
-                message.key,
-                message.aggregate_type,
-                message.aggregate_id,
-                json.dumps(message.payload, cls=DjangoJSONEncoder),
-                json.dumps(message.headers, cls=DjangoJSONEncoder),
-                message.created_at,
-                attempts,
-                error,
-            ],
-        )
 
 
 def run_consumers(

@@ -10,67 +10,28 @@ nature, out of order with the rest of their key.
 
 from __future__ import annotations
 
-import json
 import logging
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
 
-from django.db import connections, transaction
+from django.db import transaction
 
-from outbox.consumers import Consumer, ConsumerConfigError, configured_consumers
-from outbox.stream import Message
+from outbox import store
+from outbox.consumers import Consumer, configured_consumers
+from outbox.exceptions import ConsumerConfigError
+from outbox.store import Parked
 from tenancy import tenant_context
 from tenancy.aliases import app_alias, system_alias
 
 logger = logging.getLogger("outbox")
 
 
-@dataclass(frozen=True)
-class Parked:
-    """A dead-letter row, as listed for people."""
-
-    tenant_id: int
-    id: int
-    consumer: str
-    message_id: str
-    topic: str
-    key: str | None
-    attempts: int
-    parked_at: datetime
-    error: str
-
-
 def list_parked(
     consumer: str | None = None, tenant_id: int | None = None, limit: int = 100
 ) -> list[Parked]:
     """Parked messages across tenants (read on the system alias), oldest first."""
-    where: list[str] = ["TRUE"]
-    params: list[str | int] = []
-    if consumer is not None:
-        where.append("consumer = %s")
-        params.append(consumer)
-    if tenant_id is not None:
-        where.append("tenant_id = %s")
-        params.append(tenant_id)
-    params.append(limit)
-    with connections[system_alias()].cursor() as cursor:
-        cursor.execute(
-            "SELECT tenant_id, id, consumer, message_id::text, topic, key, attempts, parked_at,"
-            " error FROM outbox_dead_letters"
-            f" WHERE {' AND '.join(where)} ORDER BY parked_at, tenant_id, id LIMIT %s",
-            params,
-        )
-        return [Parked(*row) for row in cursor.fetchall()]
-
-
-def count_parked() -> dict[str, int]:
-    """Parked messages per consumer, across tenants."""
-    with connections[system_alias()].cursor() as cursor:
-        cursor.execute("SELECT consumer, count(*) FROM outbox_dead_letters GROUP BY consumer")
-        return dict(cursor.fetchall())
+    return store.list_parked(system_alias(), consumer, tenant_id, limit)
 
 
 @dataclass(frozen=True)
@@ -78,15 +39,6 @@ class RedriveResult:
     handled: int
     failed: int
     missing: int
-
-
-_LOCK_ROW = """
-SELECT consumer, message_pk, message_id, topic, key, aggregate_type, aggregate_id,
-       payload, headers, message_created_at
-  FROM outbox_dead_letters
- WHERE tenant_id = %s AND id = %s
-   FOR UPDATE SKIP LOCKED
-"""
 
 
 def redrive(
@@ -130,42 +82,23 @@ def _redrive_one(
 ) -> str:
     alias = app_alias()
     with tenant_context(tenant, using=alias):
-        with connections[alias].cursor() as cursor:
-            cursor.execute(_LOCK_ROW, [tenant, row_id])
-            row = cursor.fetchone()
-        if row is None or (only is not None and row[0] != only):
+        parked = store.lock_parked(alias, tenant, row_id)
+        if parked is None or (only is not None and parked.consumer != only):
             return "missing"
-        name = row[0]
+        name = parked.consumer
         if name not in consumers:
             raise ConsumerConfigError(
                 f"parked message {tenant}/{row_id} belongs to consumer {name!r}, which is not "
                 'in OUTBOX["CONSUMERS"]'
             )
-        message = Message(
-            id=row[1], message_id=row[2], tenant_id=tenant, topic=row[3], key=row[4],
-            aggregate_type=row[5], aggregate_id=row[6], payload=_json(row[7]),
-            headers=_json(row[8]) or {}, created_at=row[9],
-        )
         try:
             with transaction.atomic(using=alias):
-                consumers[name].handle(message)
+                consumers[name].handle(parked.message)
         except Exception as exc:
             logger.warning("outbox: re-driving %s/%s for %s failed again: %s",
                            tenant, row_id, name, exc)
-            with connections[alias].cursor() as cursor:
-                cursor.execute(
-                    "UPDATE outbox_dead_letters SET attempts = attempts + 1, error = %s,"
-                    " parked_at = now() WHERE tenant_id = %s AND id = %s",
-                    ["".join(traceback.format_exception(exc)).strip(), tenant, row_id],
-                )
+            error = "".join(traceback.format_exception(exc)).strip()
+            store.record_redrive_failure(alias, tenant, row_id, error)
             return "failed"
-        with connections[alias].cursor() as cursor:
-            cursor.execute(
-                "DELETE FROM outbox_dead_letters WHERE tenant_id = %s AND id = %s",
-                [tenant, row_id],
-            )
+        store.delete_parked(alias, tenant, row_id)
         return "handled"
-
-
-def _json(value: Any) -> Any:
-    return json.loads(value) if isinstance(value, str | bytes) else value

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connections, transaction
 from django.utils.module_loading import import_string
 
+from outbox import store
 from outbox.conf import outbox_settings
 from outbox.exceptions import NoTenant, NotInTransaction
 from tenancy import current_tenant_id
@@ -22,13 +21,6 @@ logger = logging.getLogger("outbox")
 
 #: Set after a commit that published; relays running in this process wait on it.
 wake_up = threading.Event()
-
-
-_INSERT = """
-INSERT INTO outbox_messages
-       (tenant_id, message_id, topic, key, aggregate_type, aggregate_id, payload, headers)
-VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s::jsonb)
-"""
 
 
 def publish(
@@ -95,22 +87,17 @@ def publish(
         if value is not None and len(str(value)) > 200:
             raise ValueError(f"outbox.publish(): {name} is longer than 200 characters")
     message_id = message_id or uuid.uuid4()
-    body = json.dumps(payload, cls=DjangoJSONEncoder)
-    extra = json.dumps(dict(headers or {}), cls=DjangoJSONEncoder)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _INSERT,
-            [
-                tenant_id,
-                message_id,
-                topic,
-                key,
-                aggregate_type,
-                None if aggregate_id is None else str(aggregate_id),
-                body,
-                extra,
-            ],
-        )
+    store.insert_message(
+        alias,
+        tenant_id=tenant_id,
+        message_id=message_id,
+        topic=topic,
+        key=key,
+        aggregate_type=aggregate_type,
+        aggregate_id=None if aggregate_id is None else str(aggregate_id),
+        payload=payload,
+        headers=dict(headers or {}),
+    )
     _kick_after_commit(connection, alias)
     return message_id
 
@@ -118,7 +105,9 @@ def publish(
 def _kick_after_commit(connection: Any, alias: str) -> None:
     # One wake-up per transaction, however many messages it publishes. Django
     # drops the hooks of a rolled-back transaction or savepoint, so looking
-    # for ours among the pending hooks is always accurate.
+    # for ours among the pending hooks is always accurate. Django has no
+    # public way to ask; its pending hooks are (savepoint ids, callable,
+    # robust) tuples, which tests/outbox/test_upstream.py pins.
     if any(entry[1] is _kick for entry in connection.run_on_commit):
         return
     transaction.on_commit(_kick, using=alias)

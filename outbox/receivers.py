@@ -21,18 +21,12 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from django.db import connections
-
+from outbox import store
 from outbox.stream import Message
 from tenancy import tenant_context
 from tenancy.aliases import app_alias
 
 T = TypeVar("T")
-
-_RECORD = """
-INSERT INTO outbox_received (tenant_id, receiver, message_id) VALUES (%s, %s, %s)
-ON CONFLICT DO NOTHING
-"""
 
 
 def receive(
@@ -59,10 +53,8 @@ def receive(
     message = envelope if isinstance(envelope, Message) else Message.from_envelope(envelope)
     alias = app_alias(using)
     with tenant_context(message.tenant_id, using=alias):
-        with connections[alias].cursor() as cursor:
-            cursor.execute(_RECORD, [message.tenant_id, receiver, message.message_id])
-            if cursor.rowcount == 0:
-                return False, None
+        if not store.record_received(alias, message.tenant_id, receiver, message.message_id):
+            return False, None
         return True, handler(message)
 
 

@@ -29,33 +29,17 @@ import threading
 import time
 import uuid
 
-from django.db import connections
-
 from django_idempotency_outbox.durations import backoff
+from outbox import store
 from outbox.conf import outbox_settings
 from outbox.consumers import require_cross_tenant_reader
 from outbox.loops import DATABASE_ERRORS, run_loop, stop_on_signals
 from outbox.publishing import wake_up
-from outbox.stream import Batch, Envelope, Message, read_batch, read_envelopes
+from outbox.stream import Batch, Envelope, Message
 from outbox.transports import Transport, get_transport
 from tenancy.aliases import system_alias
 
 logger = logging.getLogger("outbox")
-
-_CLAIM = """
-UPDATE consumer_offsets
-   SET lease_owner = %s, lease_until = now() + make_interval(secs => %s)
- WHERE name = %s AND partition = 0
-   AND (lease_owner = %s OR lease_until IS NULL OR lease_until < now())
-RETURNING last_xid::text, last_id
-"""
-
-_ADVANCE = """
-UPDATE consumer_offsets
-   SET last_xid = %s::xid8, last_id = %s, last_processed_at = now()
- WHERE name = %s AND partition = 0
-   AND last_xid = %s::xid8 AND last_id = %s AND lease_owner = %s
-"""
 
 
 class Relay:
@@ -97,21 +81,10 @@ class Relay:
         self._position = None
         lease = outbox_settings.RELAY_LEASE
         started = time.monotonic()
-        with connections[self.alias].cursor() as cursor:
-            cursor.execute(_CLAIM, [self.owner, lease, self.offset_name, self.owner])
-            row = cursor.fetchone()
-            if row is None:
-                cursor.execute(
-                    "INSERT INTO consumer_offsets (name, partition, partition_count)"
-                    " VALUES (%s, 0, 1) ON CONFLICT DO NOTHING",
-                    [self.offset_name],
-                )
-                if cursor.rowcount:
-                    cursor.execute(_CLAIM, [self.owner, lease, self.offset_name, self.owner])
-                    row = cursor.fetchone()
-        if row is None:
+        position = store.claim_lease(self.alias, self.offset_name, self.owner, lease)
+        if position is None:
             return None
-        self._position = (int(row[0]), int(row[1]))
+        self._position = position
         self._renew_at = started + lease / 2
         return self._position
 
@@ -132,9 +105,9 @@ class Relay:
             return False  # another relay holds the lease
         batch: Batch[Message] | Batch[Envelope]
         if self.transport.reads_envelopes:  # PostgreSQL writes the JSON
-            batch = read_envelopes(self.alias, position, self.batch_size)
+            batch = store.read_envelopes(self.alias, position, self.batch_size)
         else:
-            batch = read_batch(self.alias, position, self.batch_size)
+            batch = store.read_batch(self.alias, position, self.batch_size)
         if not batch.messages:
             return False
         try:
@@ -163,13 +136,7 @@ class Relay:
             logger.info("outbox: relay %s reaches the broker again", self.name)
             self._broker_failures = 0
         last = batch.messages[-1].position
-        with connections[self.alias].cursor() as cursor:
-            cursor.execute(
-                _ADVANCE,
-                [str(last[0]), last[1], self.offset_name, str(position[0]), position[1],
-                 self.owner],
-            )
-            advanced = cursor.rowcount == 1
+        advanced = store.advance_leased(self.alias, self.offset_name, self.owner, position, last)
         if not advanced:
             self._position = None
             logger.warning(
@@ -204,11 +171,6 @@ class Relay:
         """Give the lease up, so that another relay takes over at once."""
         self._position = None
         try:
-            with connections[self.alias].cursor() as cursor:
-                cursor.execute(
-                    "UPDATE consumer_offsets SET lease_until = NULL, lease_owner = ''"
-                    " WHERE name = %s AND partition = 0 AND lease_owner = %s",
-                    [self.offset_name, self.owner],
-                )
+            store.release_lease(self.alias, self.offset_name, self.owner)
         except DATABASE_ERRORS:
             pass  # the lease runs out by itself

@@ -17,8 +17,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from django.db import connections
-
+from outbox import store
 from outbox.conf import outbox_settings
 from outbox.consumers import configured_consumers
 from tenancy.aliases import system_alias
@@ -44,32 +43,11 @@ def horizon(using: str | None = None) -> tuple[int, int] | None:
     expected = {(c.name, p) for c in configured_consumers() for p in range(c.partitions)}
     if outbox_settings.RELAY:
         expected.add((f"relay:{outbox_settings.RELAY_NAME}", 0))
-    with connections[alias].cursor() as cursor:
-        cursor.execute("SELECT name, partition, last_xid::text, last_id FROM consumer_offsets")
-        rows = cursor.fetchall()
-    present = {(name, partition) for name, partition, _, _ in rows}
-    if not rows or expected - present:
+    readers = store.reader_positions(alias)
+    present = {(r.name, r.partition) for r in readers}
+    if not readers or expected - present:
         return None
-    return min((int(xid), int(last_id)) for _, _, xid, last_id in rows)
-
-
-_DELETE_MESSAGES = """
-DELETE FROM outbox_messages
- WHERE (tenant_id, id) IN (
-        SELECT tenant_id, id FROM outbox_messages
-         WHERE (xid, id) <= (%s::xid8, %s)
-           AND created_at < now() - make_interval(secs => %s)
-         ORDER BY xid, id
-         LIMIT %s)
-"""
-
-_DELETE_RECEIVED = """
-DELETE FROM outbox_received
- WHERE (tenant_id, receiver, message_id) IN (
-        SELECT tenant_id, receiver, message_id FROM outbox_received
-         WHERE tenant_id = %s AND received_at < now() - make_interval(secs => %s)
-         LIMIT %s)
-"""
+    return min(r.position for r in readers)
 
 
 def reap(batch_size: int | None = None, using: str | None = None) -> ReapResult:
@@ -91,9 +69,7 @@ def reap(batch_size: int | None = None, using: str | None = None) -> ReapResult:
         # Strictly below the lowest position is "<=" the position itself: the
         # reader has passed the message it points at.
         while True:
-            with connections[alias].cursor() as cursor:
-                cursor.execute(_DELETE_MESSAGES, [str(limit[0]), limit[1], retention, size])
-                deleted = cursor.rowcount
+            deleted = store.delete_passed_messages(alias, limit, retention, size)
             messages += deleted
             if deleted < size:
                 break
@@ -101,9 +77,7 @@ def reap(batch_size: int | None = None, using: str | None = None) -> ReapResult:
     keep = outbox_settings.RECEIVED_RETENTION
     for tenant_id in tenants_with_rows(alias, "outbox_received"):
         while True:
-            with connections[alias].cursor() as cursor:
-                cursor.execute(_DELETE_RECEIVED, [tenant_id, keep, size])
-                deleted = cursor.rowcount
+            deleted = store.delete_received(alias, tenant_id, keep, size)
             received += deleted
             if deleted < size:
                 break

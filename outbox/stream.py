@@ -1,35 +1,26 @@
-"""Reading the outbox in delivery order without ever skipping a late commit.
+"""The outbox's messages as readers, handlers and transports see them.
 
-A reader remembers the ``(xid, id)`` of the last message it passed and asks
-for the next rows in ``(xid, id)`` order, but only rows whose transaction id
-is below the oldest transaction still running (``pg_snapshot_xmin``)::
-
-    WHERE (xid, id) > (last_xid, last_id)
-      AND xid < pg_snapshot_xmin(pg_current_snapshot())
-    ORDER BY xid, id
-
-Below that fence every transaction has ended, so no row can still appear
-there; a row committed later has a transaction id at or above the fence and
-therefore sorts after everything read so far. Reading ``WHERE id > last_id``
-instead loses a row whose transaction took its id first and committed last.
-
-The price: one long transaction anywhere on the server holds delivery back
-until it ends (``outbox_status`` names it).
+:class:`Message` is a message with its payload decoded; :class:`Envelope` is
+the same message as the JSON text that the relay sends; :class:`Batch` is
+what one fenced read returns. The read itself, and why it never skips a
+message committed late, is :func:`outbox.store.read_batch`.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-from django.db import connections
-
-#: The position before the first message.
-START: tuple[int, int] = (0, 0)
+#: The keys of a message's envelope, in order: :meth:`Message.envelope` and the
+#: JSON that PostgreSQL builds for the relay (:func:`outbox.store.read_envelopes`)
+#: both follow this one list.
+ENVELOPE_KEYS: tuple[str, ...] = (
+    "id", "message_id", "tenant_id", "topic", "key", "aggregate_type", "aggregate_id",
+    "payload", "headers", "created_at",
+)
 
 
 @dataclass(frozen=True)
@@ -62,19 +53,16 @@ class Message:
         return (self.xid, self.id)
 
     def envelope(self) -> dict[str, Any]:
-        """The message as a JSON-serialisable dict (what the Celery transport sends)."""
-        return {
-            "id": self.id,
-            "message_id": str(self.message_id),
-            "tenant_id": self.tenant_id,
-            "topic": self.topic,
-            "key": self.key,
-            "aggregate_type": self.aggregate_type,
-            "aggregate_id": self.aggregate_id,
-            "payload": self.payload,
-            "headers": self.headers,
-            "created_at": self.created_at.isoformat() if self.created_at else None,
-        }
+        """The message as a JSON-serialisable dict (what the Celery transport sends).
+
+        The keys are :data:`ENVELOPE_KEYS`, in that order; the values are the
+        attributes, but ``message_id`` as text and ``created_at`` as
+        ``datetime.isoformat()`` writes it.
+        """
+        data = {key: getattr(self, key) for key in ENVELOPE_KEYS}
+        data["message_id"] = str(self.message_id)
+        data["created_at"] = self.created_at.isoformat() if self.created_at else None
+        return data
 
     @classmethod
     def from_envelope(cls, data: dict[str, Any]) -> Message:
@@ -91,39 +79,6 @@ class Message:
             headers=data.get("headers") or {},
             created_at=datetime.fromisoformat(created) if created else None,
         )
-
-
-COLUMNS = (
-    "id, message_id, tenant_id, topic, payload, key, aggregate_type, aggregate_id,"
-    " headers, created_at, xid::text"
-)
-
-#: The partition of a message: a hash of its key, or of its message id when it
-#: has no key (such messages promise no order, so they may spread).
-#: (``m`` is the alias of outbox_messages.)
-PARTITION_OF = (
-    "mod(hashtextextended(coalesce(m.key, m.message_id::text), 0) & 9223372036854775807, %s)"
-)
-
-
-def _json(value: Any) -> Any:
-    return json.loads(value) if isinstance(value, str | bytes) else value
-
-
-def row_to_message(row: Sequence[Any]) -> Message:
-    return Message(
-        id=row[0],
-        message_id=row[1] if isinstance(row[1], uuid.UUID) else uuid.UUID(str(row[1])),
-        tenant_id=row[2],
-        topic=row[3],
-        payload=_json(row[4]),
-        key=row[5],
-        aggregate_type=row[6],
-        aggregate_id=row[7],
-        headers=_json(row[8]) or {},
-        created_at=row[9],
-        xid=int(row[10]),
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,22 +123,10 @@ class Envelope:
                    json.dumps(message.envelope()))
 
 
-#: The envelope as PostgreSQL writes it: the keys of Message.envelope(), in
-#: its order; created_at in UTC, formatted as datetime.isoformat() does (no
-#: fraction when it is zero).
-ENVELOPE_JSON = """json_build_object(
-    'id', m.id, 'message_id', m.message_id, 'tenant_id', m.tenant_id, 'topic', m.topic,
-    'key', m.key, 'aggregate_type', m.aggregate_type, 'aggregate_id', m.aggregate_id,
-    'payload', m.payload, 'headers', coalesce(nullif(m.headers, 'null'::jsonb), '{}'::jsonb),
-    'created_at', to_char(m.created_at AT TIME ZONE 'UTC',
-        CASE WHEN extract(microseconds FROM m.created_at)::bigint %% 1000000 = 0
-             THEN 'YYYY-MM-DD"T"HH24:MI:SS"+00:00"'
-             ELSE 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"' END)
-)::text"""
-
-ENVELOPE_COLUMNS = "m.id, m.xid::text, m.message_id::text, m.topic, " + ENVELOPE_JSON
-
 M = TypeVar("M", Message, Envelope)
+
+#: The largest message id (a bigint): with the fence, the position just below it.
+MAX_ID = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -209,80 +152,3 @@ class Batch(Generic[M]):
         topic would pin retention, and re-scan the same rows on every poll).
         """
         return (self.fence - 1, MAX_ID)
-
-
-MAX_ID = 2**63 - 1
-
-
-def read_batch(
-    using: str,
-    after: tuple[int, int],
-    limit: int,
-    *,
-    topics: Sequence[str] | None = None,
-    partition: int = 0,
-    partition_count: int = 1,
-) -> Batch[Message]:
-    """The next messages after ``after``, below the fence, in ``(xid, id)`` order.
-
-    Run on the system alias (it sees every tenant) as a statement of its own,
-    never inside the caller's transaction: the fence and the rows come from the
-    same snapshot, taken by this statement.
-
-    Args:
-        using: a database alias whose role is not subject to row-level security.
-        after: the reader's position, ``(xid, id)`` of the last message passed.
-        limit: at most this many messages.
-        topics: only these topics (None: all).
-        partition, partition_count: only messages whose key hashes to ``partition``.
-    """
-    columns = ", ".join(f"m.{c.strip()}" for c in COLUMNS.split(","))
-    fence, rows = _select(using, columns, after, limit, topics, partition, partition_count)
-    messages = [row_to_message(row) for row in rows]
-    messages.sort(key=lambda m: m.position)
-    return Batch(messages, fence)
-
-
-def read_envelopes(using: str, after: tuple[int, int], limit: int) -> Batch[Envelope]:
-    """As :func:`read_batch` (all topics, one partition), each message as an :class:`Envelope`."""
-    fence, rows = _select(using, ENVELOPE_COLUMNS, after, limit, None, 0, 1)
-    envelopes = [Envelope(row[0], int(row[1]), row[2], row[3], row[4]) for row in rows]
-    envelopes.sort(key=lambda e: e.position)
-    return Batch(envelopes, fence)
-
-
-def _select(
-    using: str,
-    columns: str,
-    after: tuple[int, int],
-    limit: int,
-    topics: Sequence[str] | None,
-    partition: int,
-    partition_count: int,
-) -> tuple[int, list[Sequence[Any]]]:
-    """The fence and the selected ``columns`` of the next rows (see :func:`read_batch`)."""
-    where = ["(m.xid, m.id) > (%s::xid8, %s)", "m.xid < f.xmin"]
-    params: list[Any] = [str(after[0]), after[1]]
-    if topics is not None:
-        where.append("m.topic = ANY(%s)")
-        params.append(list(topics))
-    if partition_count > 1:
-        where.append(f"{PARTITION_OF} = %s")
-        params += [partition_count, partition]
-    params.append(limit)
-    sql = f"""
-        SELECT f.xmin::text, b.*
-          FROM (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin) AS f
-          LEFT JOIN LATERAL (
-                SELECT {columns}
-                  FROM outbox_messages AS m
-                 WHERE {" AND ".join(where)}
-                 ORDER BY m.xid, m.id
-                 LIMIT %s
-          ) AS b ON TRUE
-    """
-    with connections[using].cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
-    fence = int(rows[0][0])
-    return fence, [row[1:] for row in rows if row[1] is not None]

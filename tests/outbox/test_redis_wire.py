@@ -24,7 +24,8 @@ from django.conf import settings as django_settings
 from kombu import Exchange, Queue
 
 from outbox.relay import Relay
-from outbox.stream import Envelope, read_batch, read_envelopes
+from outbox.store import read_batch, read_envelopes
+from outbox.stream import Envelope
 from outbox.transports import CeleryTransport, _RedisWire
 from tests.helpers import observer
 from tests.outbox.helpers import Process, effects, publish_as, publish_many, wait_for
