@@ -35,7 +35,7 @@ from django.db.models.functions import Now
 from outbox.models import ConsumerOffset, DeadLetter, OutboxMessage
 from outbox.stream import ENVELOPE_KEYS, Batch, Envelope, Message
 
-# -- rows --------------------------------------------------------------------
+# -- rows ---------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +137,7 @@ class ParkedMessage:
     message: Message
 
 
-# -- JSON --------------------------------------------------------------------
+# -- JSON ---------------------------------------------------------------------
 
 
 def _jsonb(value: Any) -> Any:
@@ -154,7 +154,7 @@ def _to_jsonb(value: Any) -> str:
     return json.dumps(value, cls=DjangoJSONEncoder)
 
 
-# -- publishing --------------------------------------------------------------
+# -- publishing ---------------------------------------------------------------
 
 # Hand-written: one round trip on the caller's hot path; the id (identity)
 # and xid (pg_current_xact_id()) come from column defaults the models do not know.
@@ -191,11 +191,13 @@ def insert_message(
         cursor.execute(_INSERT_MESSAGE, params)
 
 
-# -- the stream --------------------------------------------------------------
+# -- the stream ---------------------------------------------------------------
 
 #: The delivery fence: every transaction with a smaller id has ended, so no
 #: message below it can still appear. Server-wide for now: any open transaction
-#: with an id holds it back (docs/outbox.md; :func:`find_blocker` names it).
+#: with an id holds it back (:func:`count_held_back` counts what waits,
+#: :func:`find_blocker` names the transaction). The one definition: the reads,
+#: ``outbox_status`` and :class:`~outbox.stream.Batch` all take it from here.
 FENCE = "pg_snapshot_xmin(pg_current_snapshot())"
 
 _MESSAGE_COLUMNS = (
@@ -354,7 +356,7 @@ def current_fence(using: str) -> int:
         return int(cursor.fetchone()[0])
 
 
-# -- consumer offsets ----------------------------------------------------------
+# -- consumer offsets ---------------------------------------------------------
 
 
 def partition_counts(using: str, name: str) -> set[int]:
@@ -447,7 +449,7 @@ def reader_positions(using: str) -> list[ReaderPosition]:
             for name, partition, xid, last_id in rows]
 
 
-# -- the relay's lease -----------------------------------------------------------
+# -- the relay's lease --------------------------------------------------------
 
 # Hand-written: a compare-and-set on the lease, taken from the database clock,
 # returning the position in the same round trip.
@@ -514,7 +516,7 @@ def release_lease(using: str, name: str, owner: str) -> None:
     ).update(lease_until=None, lease_owner="")
 
 
-# -- dead letters ----------------------------------------------------------------
+# -- dead letters -------------------------------------------------------------
 
 # Hand-written: the row's id comes from an identity the model does not know
 # (the ORM would insert NULL).
@@ -591,7 +593,7 @@ def record_redrive_failure(using: str, tenant_id: int, row_id: int, error: str) 
     )
 
 
-# -- retention -------------------------------------------------------------------
+# -- retention ----------------------------------------------------------------
 
 # Hand-written: a bounded batch along the delivery index, up to a position
 # (DELETE has no LIMIT; the row comparison on xid8 has no ORM lookup).
@@ -639,7 +641,7 @@ def delete_received(using: str, tenant_id: int, older_than: float, limit: int) -
         return cursor.rowcount
 
 
-# -- status ----------------------------------------------------------------------
+# -- status -------------------------------------------------------------------
 
 # Hand-written: a row comparison on xid8 per reader, counted below the fence.
 _READER_LAGS = """
@@ -723,7 +725,7 @@ def find_blocker(using: str, fence: int) -> Blocker | None:
     return Blocker(pid, int(xid), age, state, query, database, user)
 
 
-# -- receivers -------------------------------------------------------------------
+# -- receivers ----------------------------------------------------------------
 
 # Hand-written: one statement that both records the id and says whether it was
 # new; concurrent duplicates wait on the primary key (get_or_create would need

@@ -255,6 +255,11 @@ class _RedisWire:
 
     ``global_keyprefix`` is applied by the channel's own client (the list's
     key is the first argument of LPUSH, the one kombu's client prefixes).
+
+    The kombu and Celery members used here are not public API:
+    tests/outbox/test_redis_wire.py holds what this writes to the bytes kombu's
+    ``Producer.publish`` writes, and tests/outbox/test_upstream.py the members
+    it calls, so a release that changes them fails the suite.
     """
 
     __slots__ = ("channel", "producer")
