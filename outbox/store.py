@@ -32,8 +32,11 @@ from django.db import connections
 from django.db.models import Count, F
 from django.db.models.functions import Now
 
-from outbox.models import ConsumerOffset, DeadLetter, OutboxMessage
 from outbox.stream import ENVELOPE_KEYS, Batch, Envelope, Message
+
+# The models are imported by the functions that use them: publish() and
+# receive() import this module, and may be imported before Django's app
+# registry is ready (e.g. at the top of an app's apps.py).
 
 # -- rows ---------------------------------------------------------------------
 
@@ -361,6 +364,8 @@ def current_fence(using: str) -> int:
 
 def partition_counts(using: str, name: str) -> set[int]:
     """The partition counts of the offset rows named ``name`` (empty: none yet)."""
+    from outbox.models import ConsumerOffset
+
     rows = ConsumerOffset.objects.using(using).filter(name=name)
     return set(rows.values_list("partition_count", flat=True).distinct())
 
@@ -442,6 +447,8 @@ def advance_offset(
 
 def reader_positions(using: str) -> list[ReaderPosition]:
     """Every reader's position (all consumer partitions and relays)."""
+    from outbox.models import ConsumerOffset
+
     rows = ConsumerOffset.objects.using(using).values_list(
         "name", "partition", "last_xid", "last_id"
     )
@@ -511,6 +518,8 @@ def advance_leased(
 
 def release_lease(using: str, name: str, owner: str) -> None:
     """Give up ``owner``'s lease on the offset row ``name`` (nothing if it is not ``owner``'s)."""
+    from outbox.models import ConsumerOffset
+
     ConsumerOffset.objects.using(using).filter(
         name=name, partition=0, lease_owner=owner
     ).update(lease_until=None, lease_owner="")
@@ -543,6 +552,8 @@ def list_parked(
     using: str, consumer: str | None = None, tenant_id: int | None = None, limit: int = 100
 ) -> list[Parked]:
     """Parked messages that ``using`` may see, oldest first."""
+    from outbox.models import DeadLetter
+
     rows = DeadLetter.objects.using(using).order_by("parked_at", "tenant_id", "id")
     if consumer is not None:
         rows = rows.filter(consumer=consumer)
@@ -558,12 +569,16 @@ def list_parked(
 
 def parked_counts(using: str) -> dict[str, int]:
     """Parked messages per consumer, of the tenants ``using`` may see."""
+    from outbox.models import DeadLetter
+
     rows = DeadLetter.objects.using(using).values_list("consumer").annotate(n=Count("*"))
     return dict(rows.order_by())
 
 
 def lock_parked(using: str, tenant_id: int, row_id: int) -> ParkedMessage | None:
     """Lock a dead-letter row for re-driving, or None when missing or locked by someone else."""
+    from outbox.models import DeadLetter
+
     found = list(
         DeadLetter.objects.using(using)
         .select_for_update(skip_locked=True)
@@ -583,11 +598,15 @@ def lock_parked(using: str, tenant_id: int, row_id: int) -> ParkedMessage | None
 
 def delete_parked(using: str, tenant_id: int, row_id: int) -> None:
     """Delete a dead-letter row (its message was handled)."""
+    from outbox.models import DeadLetter
+
     DeadLetter.objects.using(using).filter(tenant_id=tenant_id, id=row_id).delete()
 
 
 def record_redrive_failure(using: str, tenant_id: int, row_id: int, error: str) -> None:
     """Count one more failed attempt at a dead-letter row, with its error."""
+    from outbox.models import DeadLetter
+
     DeadLetter.objects.using(using).filter(tenant_id=tenant_id, id=row_id).update(
         attempts=F("attempts") + 1, error=error, parked_at=Now()
     )
@@ -667,6 +686,8 @@ def reader_lags(using: str, fence: int) -> list[ReaderLag]:
 
 def count_messages(using: str) -> int:
     """Messages in the outbox (of the tenants ``using`` may see)."""
+    from outbox.models import OutboxMessage
+
     return OutboxMessage.objects.using(using).count()
 
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import os
+import subprocess
+import sys
 import uuid
 
 import psycopg
@@ -15,7 +18,7 @@ from outbox.models import OutboxMessage
 from outbox.publishing import NoTenant, NotInTransaction, wake_up
 from tenancy import tenant_context
 from tests.helpers import as_tenant, connect, count_rows, observer, raises_rls_violation
-from tests.outbox.helpers import publish_as, raw_publish
+from tests.outbox.helpers import ROOT, publish_as, raw_publish
 from tests.testapp.models import Order
 
 A, B = 1, 2
@@ -151,3 +154,13 @@ def test_xid_is_the_top_level_transaction_even_inside_savepoints():
     with observer() as conn:
         xids = {r[0] for r in conn.execute("SELECT xid::text::bigint FROM outbox_messages")}
     assert xids == {xid}
+
+
+def test_publish_and_receiver_can_be_imported_before_the_app_registry_is_ready():
+    """E.g. at the top of an app's apps.py: nothing on the way imports the models."""
+    code = "from outbox import publish, receiver; publish, receiver"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"},
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
