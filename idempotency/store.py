@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 PENDING = IdempotencyKey.State.PENDING.value
 
 # --- rows -------------------------------------------------------------------
+# A row type's fields are, in order, the columns its statement selects, under
+# the same names (tests/idempotency/test_store.py holds them to it).
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +213,8 @@ _LOOKUP = """
 SELECT {live} AS live,
        {locked} AS locked,
        coalesce(k.locked_until > clock_timestamp(), false) AS leased,
-       k.lease_token, k.request_hash, k.state, k.status_code, k.response, k.response_headers
+       k.lease_token, k.request_hash AS fingerprint, k.state, k.status_code, k.response,
+       k.response_headers
   FROM (SELECT 1) AS one
   LEFT JOIN idempotency_keys AS k
     ON k.tenant_id = %(tenant_id)s AND k.scope = %(scope)s AND k.key = %(key)s
@@ -318,7 +321,9 @@ def replace_expired(
 
 # --- phases mode -----------------------------------------------------------------
 
-_CLAIM_RETURNING = "RETURNING lease_token, recovery_point, phase_state, request_id::text"
+_CLAIM_RETURNING = (
+    "RETURNING lease_token AS token, recovery_point, phase_state, request_id::text AS request_id"
+)
 
 # A new key, or an expired finished one taken over, in one statement (ON
 # CONFLICT): the claim must not lose a race to a duplicate.
