@@ -250,6 +250,10 @@ class _Coalesce:
     sees its tenant and savepoint in place before its first query. Where the
     cursor binds parameters on the server (no multi-statement queries), held
     statements are simply sent first, one by one.
+
+    The statements are recognised by their text, which is Django's (and
+    ``tenant_context``'s), not a documented API: tests/idempotency/test_upstream.py
+    fails if it changes, or if one of them goes out as a round trip of its own.
     """
 
     HELD = ("SET LOCAL ", "SAVEPOINT ", "RELEASE SAVEPOINT ")

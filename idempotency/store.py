@@ -10,7 +10,8 @@ beside it (one round trip per request, an advisory lock in the same
 statement, a compare-and-set on the fencing token, the database clock of
 ``now()``/``clock_timestamp()``); the upkeep that gains nothing from SQL of
 its own uses the ORM. The columns a request writes are listed once, in
-:data:`_REQUEST` and :data:`_ANSWER`, and every write below is built from them.
+:data:`_REQUEST` and :data:`_ANSWER`: the statements that store, claim or
+finish a key are built from them.
 
 Functions of the request path run on the caller's connection and inside its
 ``tenant_context``: row-level security confines them to the request's tenant.
@@ -129,7 +130,7 @@ _ANSWER = {
     "expires_at": "now() + %(ttl)s",
 }
 
-#: No answer yet (phases mode): pending keys are kept for their TTL, then reported.
+#: No answer yet (phases mode); the TTL runs from the claim.
 _NO_ANSWER = {
     **dict.fromkeys(_ANSWER, "NULL"),
     "state": f"'{PENDING}'",
@@ -252,8 +253,8 @@ VALUES (%(tenant_id)s, %(scope)s, %(key)s, {_exprs(_FINISHED)})
 # The store and the COMMIT in one round trip (see insert_finished).
 _INSERT_AND_COMMIT = _INSERT + "; COMMIT"
 
-# Taking over an expired, unreaped row. A pending row (phases mode) never
-# expires into "new": its work may be half done.
+# Taking over an expired, unreaped row, expired by the database clock. A pending
+# row (phases mode) never expires into "new": its work may be half done.
 _REPLACE_EXPIRED = f"""
 UPDATE idempotency_keys SET ({_names(_FINISHED)}) = ROW({_exprs(_FINISHED)})
  WHERE {_KEY} AND expires_at <= now() AND state <> '{PENDING}'
