@@ -22,16 +22,18 @@ from __future__ import annotations
 import contextlib
 import re
 import tempfile
+import threading
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 from django.db.backends.signals import connection_created
 from psycopg import pq
 
-from idempotency import core
+from idempotency import core, store
 from tenancy import current_tenant_id, tenant_context
 from tests.helpers import as_tenant, connect, count_rows, observer
 from tests.testapp.models import Order
@@ -80,11 +82,12 @@ class Wire:
 
 @contextlib.contextmanager
 def wire() -> Iterator[Wire]:
-    """Trace the default connection, as it is now or as it is opened during the block."""
+    """Trace this thread's default connection, as it is now or as it is opened in the block."""
     traced = Wire()
+    thread = threading.get_ident()
 
     def on_connect(sender: Any, connection: Any, **kwargs: Any) -> None:
-        if connection.alias == "default":
+        if connection.alias == "default" and threading.get_ident() == thread:
             traced.attach(connection.connection.pgconn)
 
     if connection.connection is not None:
@@ -230,6 +233,18 @@ def test_after_a_new_key_the_transaction_is_committed_and_on_commit_ran_once():
     assert idle() and not connection.in_atomic_block
 
 
+def store_as_racer() -> None:
+    """Store key "k" as another request would, from another session (this thread's)."""
+    try:
+        with tenant_context(1):
+            assert store.insert_finished(
+                "default", request(), stored(body=b"racer"), "completed", timedelta(hours=1),
+                commit=False,
+            )
+    finally:
+        connections.close_all()
+
+
 def test_when_the_merged_insert_fails_nothing_of_the_handlers_writes_is_committed():
     ran: list[str] = []
     attempts: list[int] = []
@@ -239,14 +254,9 @@ def test_when_the_merged_insert_fails_nothing_of_the_handlers_writes_is_committe
         Order.objects.create(tenant_id=current_tenant_id(), sku="ours")
         transaction.on_commit(lambda: ran.append("ours"))
         # A racer commits the same key between our lookup and our store.
-        with connect() as other, as_tenant(other, 1) as cur:
-            cur.execute(
-                "INSERT INTO idempotency_keys (tenant_id, scope, key, request_hash,"
-                " request_method, request_path, state, status_code, response, expires_at)"
-                " VALUES (1, 'upstream', 'k', %s, 'POST', '/x', 'completed', 201, 'racer',"
-                " now() + interval '1 hour')",
-                ["f" * 64],
-            )
+        racer = threading.Thread(target=store_as_racer)
+        racer.start()
+        racer.join(10)
         return stored(body=b"ours")
 
     connection.ensure_connection()
@@ -267,13 +277,8 @@ def test_when_the_merged_insert_fails_nothing_of_the_handlers_writes_is_committe
 def test_the_unique_violation_is_recognised_by_the_constraint_psycopg_reports():
     # store._is_key_conflict tells a lost race from the handler's own errors
     # by psycopg's diag.constraint_name.
-    insert = (
-        "INSERT INTO idempotency_keys (tenant_id, scope, key, request_hash, request_method,"
-        " request_path, state, status_code, expires_at)"
-        " VALUES (1, 's', 'k', 'h', 'POST', '/', 'completed', 201, now())"
-    )
+    store_as_racer()
     with connect() as conn, as_tenant(conn, 1) as cur:
-        cur.execute(insert)
         with pytest.raises(psycopg.errors.UniqueViolation) as raised, conn.transaction():
-            cur.execute(insert)
+            cur.execute("INSERT INTO idempotency_keys SELECT * FROM idempotency_keys")
     assert raised.value.diag.constraint_name == "idempotency_keys_pkey"
