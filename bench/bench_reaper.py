@@ -175,7 +175,7 @@ def insert_expired(count: int, tenants: int, chunk: int = 100_000) -> float:
 
 def explain_batch(tenant_id: int, size: int) -> str:
     """The plan of one batch delete, executed and rolled back."""
-    from idempotency.reaper import _DELETE_BATCH
+    from idempotency.store import _DELETE_BATCH
     from tests.helpers import observer
 
     sql = _DELETE_BATCH.replace("%s", "{}").format(int(tenant_id), int(size))

@@ -18,6 +18,7 @@ from django.db.models import Q, QuerySet
 from django.db.models.functions import Now
 from django.http import HttpRequest
 
+from idempotency import store
 from idempotency.conf import idempotency_settings
 from idempotency.models import IdempotencyKeyRecord
 from tenancy.aliases import system_alias
@@ -25,12 +26,7 @@ from tenancy.aliases import system_alias
 
 def stuck_condition() -> Q:
     """Pending, nothing working on it (no live lease), older than ``STUCK_AFTER``."""
-    after = idempotency_settings.STUCK_AFTER
-    return (
-        Q(state="pending")
-        & (Q(locked_until__isnull=True) | Q(locked_until__lte=Now()))
-        & Q(created_at__lt=Now() - after)
-    )
+    return store.stuck(idempotency_settings.STUCK_AFTER)
 
 
 class StuckFilter(admin.SimpleListFilter):

@@ -21,26 +21,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 
-from django.db import connections
-
 from django_idempotency_outbox.durations import as_timedelta
-from idempotency import phases
+from idempotency import phases, store
 from idempotency.conf import idempotency_settings
 from idempotency.core import IdempotentRequest, Outcome, Verdict
 from tenancy.aliases import app_alias, system_alias
 from tenancy.db import require_cross_tenant
 
 logger = logging.getLogger("idempotency")
-
-_ABANDONED = """
-SELECT tenant_id, scope, key, request_hash, request_method, request_path, request_data
-  FROM idempotency_keys
- WHERE state = 'pending' AND scope = ANY(%s)
-   AND (locked_until IS NULL OR locked_until <= clock_timestamp())
-   AND coalesce(updated_at, created_at) < now() - %s
- ORDER BY coalesce(updated_at, created_at)
- LIMIT %s
-"""
 
 
 @dataclass
@@ -84,17 +72,16 @@ def complete_abandoned_keys(
     report = CompleteReport()
     if not scopes:
         return report
-    with connections[alias].cursor() as cursor:
-        cursor.execute(_ABANDONED, [scopes, window, size])  # type: ignore[list-item]
-        rows = cursor.fetchall()
-    report.found = len(rows)
-    for tenant_id, scope, key, request_hash, method, path, stored in rows:
+    keys = store.abandoned_keys(alias, scopes, window, size)
+    report.found = len(keys)
+    for found in keys:
+        tenant_id, scope, key = found.tenant_id, found.scope, found.key
         program = phases.program_for(scope)
         assert program is not None
-        stored = phases.load_json(stored) or {}
+        stored = found.request_data
         request = IdempotentRequest(
-            tenant_id=tenant_id, scope=scope, key=key, fingerprint=request_hash,
-            method=method, path=path,
+            tenant_id=tenant_id, scope=scope, key=key, fingerprint=found.fingerprint,
+            method=found.method, path=found.path,
         )
         try:
             result = phases.execute(

@@ -16,7 +16,8 @@ How one request goes, inside ``tenant_context``::
 A replay is one indexed read in a transaction that writes nothing. A new key costs two
 statements more than the handler alone, and no extra round trip: ``SET
 LOCAL`` and ``SAVEPOINT`` travel with the lookup, ``RELEASE SAVEPOINT`` and
-``COMMIT`` with the store (see :class:`_Coalesce` and :func:`_store`).
+``COMMIT`` with the store (see :class:`_Coalesce` and
+:func:`idempotency.store.insert_finished`).
 
 - A live finished row is replayed (same fingerprint) or refused as a mismatch.
 - No live row and the lock is taken by another transaction: that request is
@@ -38,7 +39,6 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import json
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -46,9 +46,10 @@ from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
 import psycopg
-from django.db import IntegrityError, connections, transaction
+from django.db import connections, transaction
 
 from django_idempotency_outbox.durations import backoff
+from idempotency import store
 from idempotency.conf import idempotency_settings
 from idempotency.exceptions import InvalidKey
 from tenancy import tenant_context
@@ -168,37 +169,6 @@ def classify(status_code: int, unstored: Iterable[int] | None = None) -> Verdict
     return Verdict.COMPLETED
 
 
-_LOOKUP = """
-SELECT CASE WHEN k.expires_at > now() OR k.state = 'pending' THEN NULL
-            ELSE pg_try_advisory_xact_lock(%s) END,
-       k.expires_at > now() OR k.state = 'pending', k.state, k.request_hash, k.status_code,
-       k.response, k.response_headers
-  FROM (SELECT 1) AS one
-  LEFT JOIN idempotency_keys AS k ON k.tenant_id = %s AND k.scope = %s AND k.key = %s
-"""
-
-_COLUMNS = (
-    "request_hash, request_method, request_path, state, status_code, response, "
-    "response_headers, created_at, completed_at, expires_at"
-)
-
-# The usual case: no row for this key. A plain INSERT (no ON CONFLICT: it is
-# cheaper); the primary key still refuses a second row, see _LostRace.
-_INSERT = f"""
-INSERT INTO idempotency_keys (tenant_id, scope, key, {_COLUMNS})
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, now(), clock_timestamp(), now() + %s)
-"""
-
-# Taking over an expired, unreaped row. A pending row (phases mode) never
-# expires into "new": its work may be half done.
-_REPLACE_EXPIRED = f"""
-UPDATE idempotency_keys SET ({_COLUMNS}) =
-       (%s, %s, %s, %s, %s, %s, %s::jsonb, now(), clock_timestamp(), now() + %s)
- WHERE tenant_id = %s AND scope = %s AND key = %s AND expires_at <= now()
-   AND state <> 'pending'
-"""
-
-
 class _Undo(Exception):
     """Rolls the handler's savepoint back while keeping its answer."""
 
@@ -280,6 +250,10 @@ class _Coalesce:
     sees its tenant and savepoint in place before its first query. Where the
     cursor binds parameters on the server (no multi-statement queries), held
     statements are simply sent first, one by one.
+
+    The statements are recognised by their text, which is Django's (and
+    ``tenant_context``'s), not a documented API: tests/idempotency/test_upstream.py
+    fails if it changes, or if one of them goes out as a round trip of its own.
     """
 
     HELD = ("SET LOCAL ", "SAVEPOINT ", "RELEASE SAVEPOINT ")
@@ -331,14 +305,10 @@ def _attempt(
             # The handler's savepoint opens before the lookup, so that BEGIN's
             # companions (SET LOCAL, SAVEPOINT) travel with the lookup.
             with transaction.atomic(using=alias):
-                with connection.cursor() as cursor:
-                    cursor.execute(
-                        _LOOKUP, [request.lock_id, request.tenant_id, request.scope, request.key]
-                    )
-                    locked, live, state, request_hash, status, body, headers = cursor.fetchone()
-                if live:
-                    return answer_from_row(request, state, request_hash, status, body, headers)
-                if not locked:
+                found = store.lookup(alias, request, lock=True)
+                if found.live:
+                    return answer_from_row(request, found)
+                if not found.locked:
                     return Result(Outcome.IN_PROGRESS)
                 coalesce.active = False
                 try:
@@ -353,82 +323,30 @@ def _attempt(
             pass
         if verdict is Verdict.UNSTORED:
             return Result(Outcome.EXECUTED, value=value, verdict=verdict)
-        _store(connection, request, response, verdict, ttl, live is False, outermost)
+        if found.exists:  # an expired row, not yet reaped
+            stored = store.replace_expired(alias, request, response, verdict.value, ttl)
+        else:
+            stored = store.insert_finished(
+                alias, request, response, verdict.value, ttl, commit=outermost
+            )
+        if not stored:
+            # Another transaction stored this key after our lookup (under
+            # REPEATABLE READ, or in the instant between our snapshot and our
+            # lock), or the reaper removed the expired row we meant to replace.
+            raise _LostRace
     return Result(Outcome.EXECUTED, value=value, stored=response, verdict=verdict)
 
 
-def _store(
-    connection: Any,
-    request: IdempotentRequest,
-    response: StoredResponse,
-    verdict: Verdict,
-    ttl: timedelta,
-    replace: bool,
-    commit: bool,
-) -> None:
-    values = [
-        request.fingerprint,
-        request.method[:10],
-        request.path,
-        verdict.value,
-        response.status_code,
-        response.body,
-        json.dumps([list(h) for h in response.headers]),
-        ttl,
-    ]
-    where = [request.tenant_id, request.scope, request.key]
-    with connection.cursor() as cursor:
-        if replace:
-            cursor.execute(_REPLACE_EXPIRED, values + where)
-            if cursor.rowcount != 1:
-                raise _LostRace
-            return
-        if commit and isinstance(cursor.cursor, psycopg.ClientCursor):
-            # psycopg's commit() is a no-op once the server reports the
-            # transaction finished, so Django's own commit that follows (and
-            # its on_commit callbacks) behave as usual. If the INSERT fails,
-            # the COMMIT after it in the same message is not executed.
-            sql = _INSERT + "; COMMIT"
-        else:
-            sql = _INSERT
-        try:
-            cursor.execute(sql, where + values)
-        except IntegrityError as exc:
-            # The primary key: another transaction stored this key after our
-            # lookup (under REPEATABLE READ, or in the instant between our
-            # snapshot and our lock). Anything else (a deferred constraint of
-            # the handler's, checked at the merged COMMIT) is the handler's error.
-            if _is_key_conflict(exc):
-                raise _LostRace from exc
-            raise
-
-
-def _is_key_conflict(exc: IntegrityError) -> bool:
-    cause = exc.__cause__
-    return (
-        isinstance(cause, psycopg.errors.UniqueViolation)
-        and cause.diag.constraint_name == "idempotency_keys_pkey"
-    )
-
-
-def answer_from_row(
-    request: IdempotentRequest,
-    state: str,
-    request_hash: str,
-    status: int | None,
-    body: Any,
-    headers: Any,
-) -> Result[Any]:
-    if request_hash != request.fingerprint:
+def answer_from_row(request: IdempotentRequest, row: store.KeyLookup) -> Result[Any]:
+    """The answer a live key row gives ``request``: replay, mismatch or in progress."""
+    if row.fingerprint != request.fingerprint:
         return Result(Outcome.MISMATCH)
-    if state == "pending":
+    if row.state == "pending":
         return Result(Outcome.IN_PROGRESS)
-    assert status is not None  # finished rows always have one (a check constraint)
-    if isinstance(headers, str):  # Django leaves jsonb undecoded on raw cursors
-        headers = json.loads(headers)
+    assert row.status_code is not None  # finished rows always have one (a check constraint)
     stored = StoredResponse(
-        status_code=status,
-        body=bytes(body or b""),
-        headers=tuple((name, value) for name, value in (headers or [])),
+        status_code=row.status_code,
+        body=bytes(row.response or b""),
+        headers=tuple((name, value) for name, value in (row.response_headers or [])),
     )
     return Result(Outcome.REPLAYED, stored=stored)

@@ -11,15 +11,11 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 from django.template.response import SimpleTemplateResponse
 
-from idempotency import core
-from idempotency.conf import as_timedelta, idempotency_settings
+from idempotency import flow
+from idempotency.conf import as_timedelta
 from idempotency.fingerprint import canonical_path, fingerprint, principal_of
-from idempotency.responses import answer, check_request, to_stored_response
-from tenancy import tenant_context
-from tenancy.aliases import app_alias
 
 View = Callable[..., HttpResponse]
-SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
 
 def parsed_body(request: HttpRequest) -> Any:
@@ -66,41 +62,31 @@ def idempotent(
     def decorator(view: View) -> View:
         @functools.wraps(view)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-            if request.method in SAFE_METHODS:
-                return view(request, *args, **kwargs)
-            must = idempotency_settings.REQUIRED if required is None else required
-            checked = check_request(request, required=must)
-            if isinstance(checked, HttpResponse):
-                return checked
-            key, tenant_id = checked
-            if key is None:  # optional and absent: run as the tenant, without a key
-                with tenant_context(tenant_id, using=app_alias()):
-                    return view(request, *args, **kwargs)
-            method = request.method or "POST"
-            path = canonical_path(request.path, request.META.get("QUERY_STRING", ""))
-            body = parsed_body(request)
-            ireq = core.IdempotentRequest(
-                tenant_id=tenant_id,
-                scope=scope,
-                key=key,
-                fingerprint=fingerprint(
-                    method, path, principal_of(getattr(request, "user", None)), body
-                ),
-                method=method,
-                path=request.path,
-                ttl=ttl_delta,
-            )
-
             def run() -> HttpResponse:
-                response = view(request, *args, **kwargs)
+                return view(request, *args, **kwargs)
+
+            def rendered() -> HttpResponse:
+                response = run()
                 if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
                     response.render()
                 return response
 
-            result = core.execute(
-                ireq, run, to_stored_response, wait=wait, using=app_alias()
+            def request_fingerprint() -> str:
+                method = request.method or "POST"
+                path = canonical_path(request.path, request.META.get("QUERY_STRING", ""))
+                principal = principal_of(getattr(request, "user", None))
+                return fingerprint(method, path, principal, parsed_body(request))
+
+            return flow.respond(
+                request,
+                run,
+                scope=lambda: scope,
+                fingerprint=request_fingerprint,
+                required=required,
+                ttl=ttl_delta,
+                wait=wait,
+                keyed_view=rendered,
             )
-            return answer(result)
 
         return wrapper
 

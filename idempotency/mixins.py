@@ -9,21 +9,13 @@ from typing import Any
 
 from django.http import HttpResponse
 from rest_framework.exceptions import APIException
-from rest_framework.permissions import SAFE_METHODS
 from rest_framework.request import Request
 
-from idempotency import core, phases
-from idempotency.conf import as_timedelta, idempotency_settings
+from idempotency import core, flow, phases
+from idempotency.conf import as_timedelta
 from idempotency.fingerprint import canonical_json, canonical_path, fingerprint, principal_of
 from idempotency.phases import Phases
-from idempotency.responses import (
-    answer,
-    check_request,
-    http_response,
-    replay_response,
-    to_stored_response,
-)
-from tenancy import tenant_context
+from idempotency.responses import replay_response, to_stored_response
 from tenancy.aliases import app_alias
 from tenancy.resolver import resolve_tenant
 
@@ -54,7 +46,9 @@ class IdempotentViewMixin:
     Hooks, in the style of DRF's ``get_*``/``perform_*`` methods:
     :meth:`get_idempotency_key`, :meth:`get_idempotency_scope`,
     :meth:`get_idempotency_tenant`, :meth:`get_idempotency_principal`,
-    :meth:`get_idempotency_fingerprint` and :meth:`perform_replay`.
+    :meth:`get_idempotency_fingerprint`, :meth:`perform_replay` and
+    :meth:`get_idempotency_phases`. The request flow itself is
+    :func:`idempotency.flow.respond`, shared with :func:`idempotency.idempotent`.
     """
 
     idempotency_scope: str | None = None
@@ -67,7 +61,7 @@ class IdempotentViewMixin:
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)  # type: ignore[misc]
-        if request.method in SAFE_METHODS:
+        if request.method in flow.SAFE_METHODS:
             return
         name = str(request.method).lower()
         handler = getattr(self, name, None)
@@ -79,53 +73,36 @@ class IdempotentViewMixin:
 
     def _run_idempotently(self, handler: Any, request: Request, *args: Any, **kwargs: Any) -> Any:
         program = self.get_idempotency_phases()
-        required = self.idempotency_key_required
-        if program is not None:
-            required = True  # a program's phases cannot run without a key to resume by
-        elif required is None:
-            required = idempotency_settings.REQUIRED
-        checked = check_request(
-            request,
-            required=required,
-            parse_key=self.get_idempotency_key,
-            get_tenant=self.get_idempotency_tenant,
-        )
-        if isinstance(checked, HttpResponse):
-            return checked
-        key, tenant_id = checked
-        if key is None:  # optional and absent: run as the tenant, without a key
-            with tenant_context(tenant_id, using=app_alias()):
-                return handler(request, *args, **kwargs)
-        ttl = self.idempotency_ttl
-        ireq = core.IdempotentRequest(
-            tenant_id=tenant_id,
-            scope=self.get_idempotency_scope(),
-            key=key,
-            fingerprint=self.get_idempotency_fingerprint(),
-            method=str(request.method),
-            path=request.path,
-            ttl=None if ttl is None else as_timedelta(ttl, "idempotency_ttl"),
-        )
 
-        if program is not None:
-            return self._run_phases(program, ireq, kwargs)
+        def view() -> HttpResponse:
+            return handler(request, *args, **kwargs)  # type: ignore[no-any-return]
 
-        def run() -> HttpResponse:
+        def keyed_view() -> HttpResponse:
             try:
-                response = handler(request, *args, **kwargs)
+                response = view()
             except Exception as exc:
                 # Unknown exceptions are re-raised here: everything rolls back.
                 response = self.handle_exception(exc)  # type: ignore[attr-defined]
             return self._rendered(response, *args, **kwargs)
 
-        result = core.execute(
-            ireq,
-            run,
-            to_stored_response,
+        ttl = self.idempotency_ttl
+        return flow.respond(
+            request,
+            view,
+            scope=self.get_idempotency_scope,
+            fingerprint=self.get_idempotency_fingerprint,
+            # A program's phases cannot run without a key to resume by.
+            required=True if program is not None else self.idempotency_key_required,
+            ttl=None if ttl is None else as_timedelta(ttl, "idempotency_ttl"),
             wait=self.idempotency_wait,
-            using=app_alias(),
+            parse_key=self.get_idempotency_key,
+            get_tenant=self.get_idempotency_tenant,
+            replay=self.perform_replay,
+            keyed_view=keyed_view,
+            run_program=None if program is None else functools.partial(
+                self._run_phases, program, kwargs
+            ),
         )
-        return answer(result, replay=self.perform_replay)
 
     def _rendered(self, response: HttpResponse, *args: Any, **kwargs: Any) -> HttpResponse:
         """Finalize and render now: the stored body must be the bytes the client gets."""
@@ -135,8 +112,8 @@ class IdempotentViewMixin:
         return response
 
     def _run_phases(
-        self, program: type[Phases], ireq: core.IdempotentRequest, kwargs: dict[str, Any]
-    ) -> HttpResponse:
+        self, program: type[Phases], kwargs: dict[str, Any], keyed: core.IdempotentRequest
+    ) -> core.Result[core.StoredResponse]:
         def convert(exc: Exception) -> core.StoredResponse | None:
             # DRF's own exceptions (validation, permission, ...) become their
             # answers, stored or not by status; anything else is transient.
@@ -144,9 +121,9 @@ class IdempotentViewMixin:
                 return None
             return to_stored_response(self._rendered(self.handle_exception(exc)))  # type: ignore[attr-defined]
 
-        result = phases.execute(
+        return phases.execute(
             program,
-            ireq,
+            keyed,
             data=json.loads(canonical_json(self.request.data)),
             kwargs=kwargs,
             principal=self.get_idempotency_principal(),
@@ -154,10 +131,6 @@ class IdempotentViewMixin:
             wait=self.idempotency_wait,
             using=app_alias(),
         )
-        if result.outcome is core.Outcome.EXECUTED:
-            assert isinstance(result.value, core.StoredResponse)
-            return http_response(result.value)
-        return answer(result, replay=self.perform_replay)
 
     # --- hooks -------------------------------------------------------------
 

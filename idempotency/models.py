@@ -7,8 +7,9 @@ from django.db.models.functions import Now
 class IdempotencyKey(models.Model):
     """One client-supplied key and, once finished, the answer it replays.
 
-    Rows are written by :mod:`idempotency.core` with SQL of its own (one
-    statement per request); the model is for reading, the admin and the reaper.
+    Every statement on the table is in :mod:`idempotency.store`: hand-written
+    SQL on the request path (one statement per step), the ORM on this model
+    for the upkeep that gains nothing from SQL of its own.
     """
 
     class State(models.TextChoices):

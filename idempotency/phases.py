@@ -63,6 +63,7 @@ from typing import Any, ClassVar
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connections, transaction
 
+from idempotency import store
 from idempotency.conf import as_timedelta, idempotency_settings
 from idempotency.core import (
     IdempotentRequest,
@@ -239,87 +240,6 @@ def lease_of(program: type[Phases]) -> timedelta:
     return as_timedelta(value, f"{program.__qualname__}.lease")
 
 
-_LOOKUP = """
-SELECT k.state, k.request_hash, k.status_code, k.response, k.response_headers,
-       k.state = 'pending' OR k.expires_at > now(),
-       coalesce(k.locked_until > clock_timestamp(), false),
-       k.recovery_point, k.phase_state, k.lease_token, k.request_id::text
-  FROM (SELECT 1) AS one
-  LEFT JOIN idempotency_keys AS k ON k.tenant_id = %s AND k.scope = %s AND k.key = %s
-"""
-
-_CLAIM_NEW = """
-INSERT INTO idempotency_keys AS k
-       (tenant_id, scope, key, request_hash, request_method, request_path, state,
-        recovery_point, phase_state, request_data, request_id, lease_token, locked_until,
-        created_at, updated_at, expires_at)
-VALUES (%s, %s, %s, %s, %s, %s, 'pending', %s, '{}', %s::jsonb, gen_random_uuid(), 1,
-        clock_timestamp() + %s, now(), now(), now() + %s)
-ON CONFLICT (tenant_id, scope, key) DO UPDATE
-   SET request_hash = excluded.request_hash, request_method = excluded.request_method,
-       request_path = excluded.request_path, state = 'pending', status_code = NULL,
-       response = NULL, response_headers = NULL, completed_at = NULL,
-       recovery_point = excluded.recovery_point, phase_state = '{}',
-       request_data = excluded.request_data, request_id = excluded.request_id,
-       lease_token = k.lease_token + 1, locked_until = excluded.locked_until,
-       created_at = now(), updated_at = now(), expires_at = excluded.expires_at
- WHERE k.state <> 'pending' AND k.expires_at <= now()
-RETURNING lease_token, recovery_point, phase_state, request_id::text
-"""
-
-_TAKE_OVER = """
-UPDATE idempotency_keys
-   SET lease_token = lease_token + 1, locked_until = clock_timestamp() + %s, updated_at = now()
- WHERE tenant_id = %s AND scope = %s AND key = %s AND state = 'pending'
-   AND lease_token = %s AND (locked_until IS NULL OR locked_until <= clock_timestamp())
-RETURNING lease_token, recovery_point, phase_state, request_id::text
-"""
-
-_ADVANCE = """
-UPDATE idempotency_keys
-   SET recovery_point = %s, phase_state = %s::jsonb,
-       locked_until = clock_timestamp() + %s, updated_at = now()
- WHERE tenant_id = %s AND scope = %s AND key = %s AND state = 'pending' AND lease_token = %s
-"""
-
-_FINISH = """
-UPDATE idempotency_keys
-   SET state = %s, status_code = %s, response = %s, response_headers = %s::jsonb,
-       recovery_point = 'finished', phase_state = %s::jsonb, locked_until = NULL,
-       completed_at = clock_timestamp(), updated_at = now(), expires_at = now() + %s
- WHERE tenant_id = %s AND scope = %s AND key = %s AND state = 'pending' AND lease_token = %s
-"""
-
-_RELEASE = """
-UPDATE idempotency_keys SET locked_until = NULL, updated_at = now()
- WHERE tenant_id = %s AND scope = %s AND key = %s AND state = 'pending' AND lease_token = %s
-"""
-
-# The first phase refused the request (a DRF 403, 404...): nothing of it was
-# committed, so forget the key, as if it had never come; a pending key would
-# wait forever for a completer that can only be refused again. Only refusals:
-# after a transient failure the retry must keep this request's identity
-# (request_id, hence ctx.foreign_key), since a foreign call may have happened.
-_FORGET = """
-DELETE FROM idempotency_keys
- WHERE tenant_id = %s AND scope = %s AND key = %s AND state = 'pending' AND lease_token = %s
-   AND recovery_point = %s
-"""
-
-
-@dataclass
-class _Claim:
-    token: int
-    recovery_point: str
-    state: dict[str, Any]
-    request_id: str
-
-
-def load_json(value: Any) -> Any:
-    """A jsonb value from a raw cursor (Django leaves it undecoded there)."""
-    return json.loads(value) if isinstance(value, str | bytes) else value
-
-
 def execute(
     program: type[Phases],
     request: IdempotentRequest,
@@ -366,7 +286,7 @@ def execute(
     claim = retry_while_in_progress(
         lambda: _claim(request, program, stored_data, lease, ttl, alias), wait
     )
-    if not isinstance(claim, _Claim):
+    if not isinstance(claim, store.Claim):
         return claim
     ctx = PhaseContext(
         tenant_id=request.tenant_id,
@@ -375,7 +295,7 @@ def execute(
         data=data,
         kwargs=dict(kwargs or {}),
         principal=principal,
-        state=claim.state,
+        state=claim.phase_state,
         recovery_point=claim.recovery_point,
         attempt=claim.token,
         request_id=claim.request_id,
@@ -390,31 +310,26 @@ def _claim(
     lease: timedelta,
     ttl: timedelta,
     alias: str,
-) -> _Claim | Result[StoredResponse]:
-    where: list[Any] = [request.tenant_id, request.scope, request.key]
+) -> store.Claim | Result[StoredResponse]:
     for _ in range(2):  # a second look when another request claimed the key first
-        with tenant_context(request.tenant_id, using=alias), connections[alias].cursor() as cur:
-            cur.execute(_LOOKUP, where)
-            (state, request_hash, status, body, headers, live, leased,
-             _point, _state, token, _request_id) = cur.fetchone()
-            if live and request_hash != request.fingerprint:
+        with tenant_context(request.tenant_id, using=alias):
+            found = store.lookup(alias, request)
+            if found.live and found.fingerprint != request.fingerprint:
                 return Result(Outcome.MISMATCH)
-            if live and state != "pending":
-                return answer_from_row(request, state, request_hash, status, body, headers)
-            if live and leased:
+            if found.live and found.state != "pending":
+                return answer_from_row(request, found)
+            if found.live and found.leased:
                 return Result(Outcome.IN_PROGRESS)
-            params: list[Any]
-            if live:
-                params = [lease, *where, token]
-                cur.execute(_TAKE_OVER, params)
+            if found.live:
+                assert found.lease_token is not None
+                claim = store.take_over(alias, request, found.lease_token, lease)
             else:
-                params = [*where, request.fingerprint, request.method[:10], request.path,
-                          program.first, json.dumps(stored_data, cls=DjangoJSONEncoder),
-                          lease, ttl]
-                cur.execute(_CLAIM_NEW, params)
-            row = cur.fetchone()
-        if row is not None:
-            return _Claim(row[0], row[1], load_json(row[2]) or {}, row[3])
+                claim = store.claim(
+                    alias, request, recovery_point=program.first, request_data=stored_data,
+                    lease=lease, ttl=ttl,
+                )
+        if claim is not None:
+            return claim
     return Result(Outcome.IN_PROGRESS)
 
 
@@ -428,7 +343,6 @@ def _run(
     alias: str,
     on_exception: Callable[[Exception], StoredResponse | None] | None,
 ) -> Result[StoredResponse]:
-    where: list[Any] = [request.tenant_id, request.scope, request.key]
     while True:
         refused = False  # a DRF refusal (403, 404...) raised by the phase
         try:
@@ -448,7 +362,9 @@ def _run(
                     refused = converted.status_code < 500
                 if isinstance(outcome, RecoveryPoint):
                     ctx.state = {**ctx.state, **outcome.state}
-                    _cas(alias, _ADVANCE, [outcome.name, _dumps(ctx.state), lease, *where, token])
+                    if not store.advance(alias, request, token, recovery_point=outcome.name,
+                                         phase_state=ctx.state, lease=lease):
+                        raise LeaseLost
                     ctx.recovery_point = outcome.name
                     continue
                 if isinstance(outcome, Finish):
@@ -461,22 +377,18 @@ def _run(
                 verdict = classify(outcome.status_code)
                 if verdict is Verdict.UNSTORED:
                     raise _Transient(outcome)
-                _cas(
-                    alias,
-                    _FINISH,
-                    [verdict.value, outcome.status_code, outcome.body,
-                     json.dumps([list(h) for h in outcome.headers]), _dumps(ctx.state), ttl,
-                     *where, token],
-                )
+                if not store.finish(alias, request, token, response=outcome,
+                                    state=verdict.value, phase_state=ctx.state, ttl=ttl):
+                    raise LeaseLost
                 return Result(Outcome.EXECUTED, value=outcome, stored=outcome, verdict=verdict)
         except LeaseLost:
             return Result(Outcome.IN_PROGRESS)
         except _Transient as transient:
             forget = refused and ctx.recovery_point == type(program).first
-            _release(alias, where, token, ctx.recovery_point if forget else None)
+            _release(alias, request, token, ctx.recovery_point if forget else None)
             return Result(Outcome.EXECUTED, value=transient.response, verdict=Verdict.UNSTORED)
         except BaseException:
-            _release(alias, where, token, None)
+            _release(alias, request, token, None)
             raise
 
 
@@ -486,29 +398,24 @@ class _Transient(Exception):
         self.response = response
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, cls=DjangoJSONEncoder)
-
-
-def _cas(alias: str, sql: str, params: list[Any]) -> None:
-    with connections[alias].cursor() as cursor:
-        cursor.execute(sql, params)
-        if cursor.rowcount != 1:
-            raise LeaseLost
-
-
-def _release(alias: str, where: list[Any], token: int, forget_at: str | None) -> None:
+def _release(alias: str, request: IdempotentRequest, token: int, forget_at: str | None) -> None:
     """Let a retry resume at once; a no-op if the lease was already taken over.
 
-    With ``forget_at`` (a refusal in the first phase), the key is removed instead.
+    With ``forget_at``, the key is removed instead: the first phase refused the
+    request (a DRF 403, 404...) and nothing of it was committed, so the key is
+    forgotten as if it had never come; a pending key would wait forever for a
+    completer that can only be refused again. Only refusals: after a transient
+    failure the retry must keep this request's identity (``request_id``, hence
+    ``ctx.foreign_key``), since a foreign call may have happened.
     """
     try:
-        with tenant_context(where[0], using=alias), connections[alias].cursor() as cursor:
+        with tenant_context(request.tenant_id, using=alias):
             if forget_at is None:
-                cursor.execute(_RELEASE, [*where, token])
+                store.release(alias, request, token)
             else:
-                cursor.execute(_FORGET, [*where, token, forget_at])
+                store.forget(alias, request, token, forget_at)
     except Exception:  # the original failure matters more; the lease will expire
         logger.warning(
-            "could not release the lease of %s/%s/%s", *where, exc_info=True
+            "could not release the lease of %s/%s/%s",
+            request.tenant_id, request.scope, request.key, exc_info=True,
         )

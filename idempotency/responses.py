@@ -1,4 +1,4 @@
-"""HTTP answers of the contract, shared by the DRF mixin and the decorator.
+"""HTTP answers of the contract, given by :mod:`idempotency.flow` for the mixin and the decorator.
 
 The library's own errors are RFC 9457 problem details with a stable ``code``
 member; ``type`` is ``about:blank`` so ``title`` is the reason phrase.
@@ -11,11 +11,10 @@ from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 
 from idempotency import core
 from idempotency.conf import idempotency_settings
-from tenancy.resolver import resolve_tenant
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -35,43 +34,6 @@ def problem_response(
     for name, value in (headers or {}).items():
         response[name] = value
     return response
-
-
-def check_request(
-    request: HttpRequest,
-    *,
-    required: bool,
-    parse_key: Callable[[str], str] = core.parse_key,
-    get_tenant: Callable[[], int | None] | None = None,
-) -> tuple[str | None, int] | HttpResponse:
-    """Validate the key header and find the tenant.
-
-    Returns:
-        ``(key, tenant_id)`` to go on, where ``key`` is None when the request
-        has no key and none is required (run the view, without a key, as the
-        tenant); or the error answer to send instead.
-    """
-    s = idempotency_settings
-    header = request.headers.get(s.HEADER)
-    key: str | None = None
-    if header is None:
-        if required:
-            return problem_response(
-                s.STATUS_KEY_MISSING,
-                "idempotency_key_missing",
-                f"This operation requires an {s.HEADER} header.",
-            )
-    else:
-        try:
-            key = parse_key(header)
-        except core.InvalidKey as exc:
-            return problem_response(s.STATUS_KEY_INVALID, "idempotency_key_invalid", str(exc))
-    tenant_id = get_tenant() if get_tenant else resolve_tenant(request)
-    if tenant_id is None:
-        return problem_response(
-            s.STATUS_NO_TENANT, "tenant_unknown", "The request does not belong to a tenant."
-        )
-    return key, tenant_id
 
 
 def to_stored_response(response: HttpResponse) -> core.StoredResponse:

@@ -1,0 +1,145 @@
+"""One HTTP request through the ``Idempotency-Key`` contract, for any Django view.
+
+The DRF mixin (:mod:`idempotency.mixins`) and the decorator for plain Django
+views (:mod:`idempotency.decorators`) differ in how a view is called, rendered
+and fingerprinted; the rest is :func:`respond`, which both call:
+
+1. safe methods run as they are;
+2. the key header is checked and the tenant found (a problem answer if not);
+3. without a key where none is required, the view runs as the tenant;
+4. otherwise the state machine (:func:`idempotency.core.execute`, or a
+   phases program) runs the view at most once, and the result is answered:
+   the view's own response, a replay, 422 or 409.
+
+No DRF import here: a plain Django view gets exactly the same contract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+
+from django.http import HttpRequest, HttpResponse
+
+from idempotency import core
+from idempotency.conf import idempotency_settings
+from idempotency.responses import (
+    answer,
+    http_response,
+    problem_response,
+    replay_response,
+    to_stored_response,
+)
+from tenancy import tenant_context
+from tenancy.aliases import app_alias
+from tenancy.resolver import resolve_tenant
+
+#: Methods that need no key and run untouched.
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+
+
+def respond(
+    request: HttpRequest,
+    view: Callable[[], HttpResponse],
+    *,
+    scope: Callable[[], str],
+    fingerprint: Callable[[], str],
+    required: bool | None = None,
+    ttl: timedelta | None = None,
+    wait: float | None = None,
+    parse_key: Callable[[str], str] = core.parse_key,
+    get_tenant: Callable[[], int | None] | None = None,
+    replay: Callable[[core.StoredResponse], HttpResponse] = replay_response,
+    keyed_view: Callable[[], HttpResponse] | None = None,
+    run_program: Callable[[core.IdempotentRequest], core.Result[core.StoredResponse]]
+    | None = None,
+) -> HttpResponse:
+    """Answer ``request`` under the contract.
+
+    Args:
+        request: the Django request (a DRF ``Request`` works too).
+        view: runs the view as it would run without this library.
+        scope, fingerprint: the key's scope and the request's fingerprint;
+            called once the key and tenant are known.
+        required: answer 400 to a request without a key
+            (``IDEMPOTENCY["REQUIRED"]`` when None).
+        ttl: how long the answer is replayed (``IDEMPOTENCY["TTL"]`` when None).
+        wait: seconds to wait for a duplicate in flight (``IN_PROGRESS_WAIT``).
+        parse_key: turns the header value into a key, or raises ``InvalidKey``.
+        get_tenant: the request's tenant; ``TENANCY["TENANT_RESOLVER"]`` when None.
+        replay: builds the replayed answer from the stored one.
+        keyed_view: runs the view under a key (``view`` when None); its
+            answer is stored as returned, so it must be final and rendered.
+        run_program: phases mode: runs the program for the key, instead of
+            running ``keyed_view`` in one transaction with it.
+    """
+    if request.method in SAFE_METHODS:
+        return view()
+    checked = check_request(
+        request,
+        required=idempotency_settings.REQUIRED if required is None else required,
+        parse_key=parse_key,
+        get_tenant=get_tenant,
+    )
+    if isinstance(checked, HttpResponse):
+        return checked
+    key, tenant_id = checked
+    if key is None:  # optional and absent: run as the tenant, without a key
+        with tenant_context(tenant_id, using=app_alias()):
+            return view()
+    keyed = core.IdempotentRequest(
+        tenant_id=tenant_id,
+        scope=scope(),
+        key=key,
+        fingerprint=fingerprint(),
+        method=str(request.method),
+        path=request.path,
+        ttl=ttl,
+    )
+    if run_program is not None:
+        result = run_program(keyed)
+        if result.outcome is core.Outcome.EXECUTED:
+            assert result.value is not None
+            return http_response(result.value)
+        return answer(result, replay=replay)
+    executed = core.execute(
+        keyed, keyed_view or view, to_stored_response, wait=wait, using=app_alias()
+    )
+    return answer(executed, replay=replay)
+
+
+def check_request(
+    request: HttpRequest,
+    *,
+    required: bool,
+    parse_key: Callable[[str], str] = core.parse_key,
+    get_tenant: Callable[[], int | None] | None = None,
+) -> tuple[str | None, int] | HttpResponse:
+    """Validate the key header and find the tenant.
+
+    Returns:
+        ``(key, tenant_id)`` to go on, where ``key`` is None when the request
+        has no key and none is required (run the view, without a key, as the
+        tenant); or the error answer to send instead.
+    """
+    s = idempotency_settings
+    header = request.headers.get(s.HEADER)
+    key: str | None = None
+    if header is None:
+        if required:
+            return problem_response(
+                s.STATUS_KEY_MISSING,
+                "idempotency_key_missing",
+                f"This operation requires an {s.HEADER} header.",
+            )
+    else:
+        try:
+            key = parse_key(header)
+        except core.InvalidKey as exc:
+            return problem_response(s.STATUS_KEY_INVALID, "idempotency_key_invalid", str(exc))
+    tenant_id = get_tenant() if get_tenant else resolve_tenant(request)
+    if tenant_id is None:
+        return problem_response(
+            s.STATUS_NO_TENANT, "tenant_unknown", "The request does not belong to a tenant."
+        )
+    return key, tenant_id

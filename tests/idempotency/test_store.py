@@ -1,0 +1,132 @@
+"""idempotency.store: its statements match the table, its rows are typed.
+
+These fail at once, without a request flow, when a column of
+``idempotency_keys`` is renamed in the model and the migration but not in
+the store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+
+from idempotency import core, store
+from tenancy import tenant_context
+from tests.helpers import count_rows, observer
+
+PARAMS = {
+    "tenant_id": 1, "scope": "s", "key": "k", "lock_id": 7, "fingerprint": "f" * 64,
+    "method": "POST", "path": "/x", "state": "completed", "status_code": 201,
+    "response": b"{}", "response_headers": "[]", "ttl": timedelta(hours=1),
+    "recovery_point": "started", "request_data": "{}", "phase_state": "{}",
+    "lease": timedelta(seconds=30), "token": 1,
+}
+
+STATEMENTS = sorted(
+    name for name, value in vars(store).items()
+    if name.startswith("_") and not name.startswith("__") and isinstance(value, str)
+    and "idempotency_keys" in value
+    and not re.search(r"\{[a-z]+\}", value)  # a template, formatted into statements
+    and "; COMMIT" not in value  # _INSERT with its COMMIT
+)
+
+
+def request(key="k", fingerprint="f" * 64):
+    return core.IdempotentRequest(1, "s", key, fingerprint, "POST", "/x")
+
+
+def finished(ttl=timedelta(hours=1)):
+    """A finished key, stored as a request stores it (a negative ``ttl``: expired)."""
+    answer = core.StoredResponse(201, b"body", (("Content-Type", "application/json"),))
+    with tenant_context(1):
+        assert store.insert_finished("default", request(), answer, "completed", ttl, commit=False)
+
+
+def pending(token=3, lease=timedelta(minutes=1)):
+    """A pending key (phases mode) owned by the run with ``token``."""
+    with tenant_context(1):
+        store.claim("default", request(), recovery_point="started", request_data={},
+                    lease=lease, ttl=timedelta(hours=1))
+    with observer() as o:
+        o.execute("UPDATE idempotency_keys SET lease_token = %s", [token])
+
+
+def test_the_store_has_its_statements():
+    assert {"_LOOKUP_AND_LOCK", "_INSERT", "_CLAIM", "_FINISH", "_DELETE_BATCH"} <= set(STATEMENTS)
+
+
+@pytest.mark.parametrize("name", STATEMENTS)
+def test_every_statement_is_valid_against_the_table(name):
+    sql = getattr(store, name)
+    params = [1, 1] if "%s" in sql else PARAMS
+    with tenant_context(1), connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + sql, params)  # planned, not run: names and types checked
+
+
+@pytest.mark.parametrize(
+    "name, row_type",
+    [("_LOOKUP_AND_LOCK", store.KeyLookup), ("_LOOKUP_ONLY", store.KeyLookup),
+     ("_CLAIM", store.Claim), ("_TAKE_OVER", store.Claim)],
+)
+def test_a_row_types_fields_are_its_statements_columns(name, row_type):
+    with tenant_context(1), connection.cursor() as cursor:
+        cursor.execute(getattr(store, name), PARAMS)
+        names = [column.name for column in cursor.description]
+    assert names == [field.name for field in dataclasses.fields(row_type)]
+
+
+def test_a_lookup_tells_no_row_from_an_expired_row_from_a_live_one():
+    with tenant_context(1):
+        nothing = store.lookup("default", request(), lock=True)
+    assert (nothing.exists, nothing.live, nothing.locked) == (False, None, True)
+    assert nothing.state is None
+    finished(ttl=timedelta(seconds=-1))
+    with tenant_context(1):
+        expired = store.lookup("default", request(), lock=True)
+    assert (expired.exists, expired.live, expired.locked) == (True, False, True)
+    with observer() as o:
+        o.execute("UPDATE idempotency_keys SET expires_at = now() + interval '1 hour'")
+    with tenant_context(1):
+        live = store.lookup("default", request(), lock=True)
+    assert isinstance(live, store.KeyLookup) and not isinstance(live, tuple)
+    assert (live.live, live.locked, live.status_code) == (True, None, 201)
+    assert live.fingerprint == "f" * 64
+    assert live.response == b"body"
+    assert live.response_headers == [["Content-Type", "application/json"]]  # decoded
+
+
+def test_a_pending_key_is_leased_while_its_lock_runs():
+    pending(token=3)
+    with tenant_context(1):
+        found = store.lookup("default", request())
+    assert (found.live, found.leased, found.lease_token, found.locked) == (True, True, 3, None)
+
+
+def test_the_lease_release_and_forget_are_compare_and_set_on_the_token():
+    pending(token=3)
+    with tenant_context(1):
+        store.release("default", request(), token=2)  # a stale owner: nothing happens
+        assert store.lookup("default", request()).leased
+        store.release("default", request(), token=3)
+        assert not store.lookup("default", request()).leased
+        store.forget("default", request(), token=2, recovery_point="started")
+    assert count_rows("idempotency_keys") == 1
+    with tenant_context(1):
+        store.forget("default", request(), token=3, recovery_point="started")
+    assert count_rows("idempotency_keys") == 0
+
+
+def test_a_claim_returns_a_typed_claim_and_a_duplicate_gets_none():
+    with tenant_context(1):
+        first = store.claim("default", request(), recovery_point="started",
+                            request_data={"data": 1}, lease=timedelta(seconds=30),
+                            ttl=timedelta(hours=1))
+        again = store.claim("default", request(), recovery_point="started",
+                            request_data={}, lease=timedelta(seconds=30), ttl=timedelta(hours=1))
+    assert isinstance(first, store.Claim)
+    assert (first.token, first.recovery_point, first.phase_state) == (1, "started", {})
+    assert len(first.request_id) == 36 and again is None

@@ -1,0 +1,284 @@
+"""These tests pin upstream behaviour that the idempotent hot path relies on.
+
+A new key costs one round trip for the lookup and one for the store because
+the library leans on two other projects' behaviour, not on their documented API:
+
+- ``idempotency.core._Coalesce`` recognises Django's ``SAVEPOINT`` and
+  ``RELEASE SAVEPOINT`` statements (and ``tenant_context``'s ``SET LOCAL``) by
+  their text, holds them back and sends them with the next statement;
+- ``idempotency.store.insert_finished`` appends ``; COMMIT`` to the key's
+  INSERT, relying on psycopg's ``commit()`` being a no-op once the server
+  reports the transaction finished, so that Django's own commit (and its
+  ``on_commit`` callbacks) behave as usual.
+
+When an upgrade of Django or psycopg changes either, a test here fails and
+says what changed; the place to adapt is ``_Coalesce`` or ``insert_finished``.
+Round trips are counted on the wire, from libpq's own protocol trace: every
+Query message the client sends is one round trip.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import tempfile
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import connection, connections, transaction
+from django.db.backends.signals import connection_created
+from psycopg import pq
+
+from idempotency import core, store
+from tenancy import current_tenant_id, tenant_context
+from tests.helpers import as_tenant, connect, count_rows, observer
+from tests.testapp.models import Order
+
+HELD = core._Coalesce.HELD
+
+
+class Wire:
+    """The messages Django's connections send to PostgreSQL, as libpq traces them."""
+
+    def __init__(self) -> None:
+        self.file = tempfile.TemporaryFile("w+")
+
+    def attach(self, pgconn: Any) -> None:
+        pgconn.trace(self.file.fileno())
+        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+
+    def sent(self) -> list[tuple[str, str]]:
+        """``(message type, text)`` of every frontend message, in order."""
+        self.file.flush()
+        self.file.seek(0)
+        messages: list[str] = []
+        for line in self.file.read().splitlines():
+            if line.startswith(("F\t", "B\t")):
+                messages.append(line)
+            elif messages:  # a query's text spans lines
+                messages[-1] += "\n" + line
+        sent = []
+        for message in messages:
+            fields = message.split("\t", 3)
+            if fields[0] == "F":
+                sent.append((fields[2], fields[3] if len(fields) > 3 else ""))
+        return sent
+
+    def round_trips(self) -> list[str]:
+        """The text of each query sent, one per round trip.
+
+        Fails if anything but simple Query messages went out (the extended
+        protocol would mean psycopg now binds on the server, and cannot run
+        a held statement and ours in one message).
+        """
+        sent = [(kind, text) for kind, text in self.sent() if kind != "Terminate"]
+        assert {kind for kind, _ in sent} <= {"Query"}, sent
+        return [re.fullmatch(r' ?"(.*)"', text, re.DOTALL).group(1).strip() for _, text in sent]
+
+
+@contextlib.contextmanager
+def wire() -> Iterator[Wire]:
+    """Trace this thread's default connection, as it is now or as it is opened in the block."""
+    traced = Wire()
+    thread = threading.get_ident()
+
+    def on_connect(sender: Any, connection: Any, **kwargs: Any) -> None:
+        if connection.alias == "default" and threading.get_ident() == thread:
+            traced.attach(connection.connection.pgconn)
+
+    if connection.connection is not None:
+        traced.attach(connection.connection.pgconn)
+    connection_created.connect(on_connect)
+    try:
+        yield traced
+    finally:
+        connection_created.disconnect(on_connect)
+        if connection.connection is not None and not connection.connection.closed:
+            connection.connection.pgconn.untrace()
+
+
+def alone(statement: str) -> bool:
+    """A statement that _Coalesce should have held, sent as a round trip of its own."""
+    return statement.startswith(HELD) and ";" not in statement
+
+
+def request(key: str = "k", fingerprint: str = "f" * 64) -> core.IdempotentRequest:
+    return core.IdempotentRequest(
+        tenant_id=1, scope="upstream", key=key, fingerprint=fingerprint, method="POST", path="/x"
+    )
+
+
+def stored(status: int = 201, body: bytes = b"{}") -> core.StoredResponse:
+    return core.StoredResponse(status, body, (("Content-Type", "application/json"),))
+
+
+def idle() -> bool:
+    return connection.connection.info.transaction_status is pq.TransactionStatus.IDLE
+
+
+# --- Django's statements, recognised by their text --------------------------------------
+
+
+def test_djangos_savepoint_sql_starts_with_the_prefixes_coalesce_holds():
+    create = connection.ops.savepoint_create_sql("s1_x1")
+    release = connection.ops.savepoint_commit_sql("s1_x1")
+    assert create.startswith("SAVEPOINT ") and "SAVEPOINT " in HELD, create
+    assert release.startswith("RELEASE SAVEPOINT ") and "RELEASE SAVEPOINT " in HELD, release
+
+
+def test_atomic_and_tenant_context_send_exactly_the_statements_coalesce_holds():
+    # _Coalesce holds a statement only when it comes through execute() alone,
+    # without parameters: that is how Django's atomic() and tenant_context send them.
+    calls: list[tuple[str, Any, bool]] = []
+
+    def capture(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        calls.append((sql, params, many))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(capture), tenant_context(1), transaction.atomic():
+        pass
+    statements = [sql for sql, _, _ in calls]
+    assert [s.split('"')[0] for s in statements] == [
+        "SET LOCAL app.tenant_id = '1'", "SAVEPOINT ", "RELEASE SAVEPOINT "
+    ], statements
+    assert all(s.startswith(HELD) for s in statements)
+    assert all(params is None and not many for _, params, many in calls), calls
+
+
+# --- round trips on the wire ----------------------------------------------------------
+
+
+def test_a_new_key_is_one_round_trip_for_the_lookup_and_one_for_the_store():
+    def handler() -> core.StoredResponse:
+        Order.objects.create(tenant_id=current_tenant_id(), sku="tea")
+        return stored()
+
+    connection.ensure_connection()
+    with wire() as traced:
+        result = core.execute(request(), handler, lambda r: r)
+    assert result.outcome is core.Outcome.EXECUTED
+    sent = traced.round_trips()
+    assert not [s for s in sent if alone(s)], f"a held statement went out alone: {sent}"
+    begin, lookup, order, store = sent  # and no COMMIT of its own after the store
+    assert begin == "BEGIN"
+    assert lookup.startswith("SET LOCAL app.tenant_id = '1'; SAVEPOINT "), lookup
+    assert "LEFT JOIN idempotency_keys" in lookup and "pg_try_advisory_xact_lock" in lookup
+    assert order.startswith('INSERT INTO "testapp_order"'), order
+    assert store.startswith("RELEASE SAVEPOINT "), store
+    assert "INSERT INTO idempotency_keys" in store and store.endswith("; COMMIT"), store
+    assert idle()
+
+
+def test_a_replay_is_one_indexed_read():
+    core.execute(request(), stored, lambda r: r)
+    connection.ensure_connection()
+    with wire() as traced:
+        result = core.execute(request(), stored, lambda r: r)
+    assert result.outcome is core.Outcome.REPLAYED
+    sent = traced.round_trips()
+    assert not [s for s in sent if alone(s)], f"a held statement went out alone: {sent}"
+    assert len(sent) == 3 and sent[0] == "BEGIN" and sent[2] == "COMMIT", sent
+    assert "LEFT JOIN idempotency_keys" in sent[1]
+
+
+def test_through_the_drf_mixin_a_new_key_costs_the_same(client):
+    # The whole request, on the connection the request opens.
+    with wire() as traced:
+        assert client.order(key="wire").status_code == 201
+    sent = traced.round_trips()
+    assert not [s for s in sent if alone(s)], f"a held statement went out alone: {sent}"
+    assert len(sent) == 4, sent  # BEGIN, lookup, the order's INSERT, store + COMMIT
+    assert sent[-1].startswith("RELEASE SAVEPOINT ") and sent[-1].endswith("; COMMIT")
+    with wire() as traced:
+        assert client.order(key="wire")["Idempotent-Replayed"] == "true"
+    assert len(traced.round_trips()) == 3
+
+
+# --- "; COMMIT" and psycopg's commit() ---------------------------------------------------
+
+
+def test_psycopg_commit_sends_nothing_once_the_server_finished_the_transaction():
+    traced = Wire()
+    with connect() as conn:  # not autocommit: psycopg sends BEGIN itself
+        traced.attach(conn.pgconn)
+        conn.execute("SELECT 1; COMMIT")
+        assert conn.info.transaction_status is pq.TransactionStatus.IDLE
+        conn.commit()
+        conn.pgconn.untrace()
+    assert traced.round_trips() == ["BEGIN", "SELECT 1; COMMIT"]
+
+
+def test_after_a_new_key_the_transaction_is_committed_and_on_commit_ran_once():
+    ran: list[tuple[int, int]] = []
+
+    def handler() -> core.StoredResponse:
+        Order.objects.create(tenant_id=current_tenant_id(), sku="tea")
+        # Counted from a second connection: the callback runs after the real commit.
+        transaction.on_commit(
+            lambda: ran.append((count_rows("testapp_order"), count_rows("idempotency_keys")))
+        )
+        return stored()
+
+    connection.ensure_connection()
+    with wire() as traced:
+        result = core.execute(request(), handler, lambda r: r)
+    assert result.outcome is core.Outcome.EXECUTED
+    assert traced.round_trips()[-1].endswith("; COMMIT")  # the merged commit was the one
+    assert ran == [(1, 1)]
+    assert count_rows("testapp_order") == 1 and count_rows("idempotency_keys") == 1
+    assert idle() and not connection.in_atomic_block
+
+
+def store_as_racer() -> None:
+    """Store key "k" as another request would, from another session (this thread's)."""
+    try:
+        with tenant_context(1):
+            assert store.insert_finished(
+                "default", request(), stored(body=b"racer"), "completed", timedelta(hours=1),
+                commit=False,
+            )
+    finally:
+        connections.close_all()
+
+
+def test_when_the_merged_insert_fails_nothing_of_the_handlers_writes_is_committed():
+    ran: list[str] = []
+    attempts: list[int] = []
+
+    def handler() -> core.StoredResponse:
+        attempts.append(1)
+        Order.objects.create(tenant_id=current_tenant_id(), sku="ours")
+        transaction.on_commit(lambda: ran.append("ours"))
+        # A racer commits the same key between our lookup and our store.
+        racer = threading.Thread(target=store_as_racer)
+        racer.start()
+        racer.join(10)
+        return stored(body=b"ours")
+
+    connection.ensure_connection()
+    with wire() as traced:
+        result = core.execute(request(), handler, lambda r: r)
+    sent = traced.round_trips()
+    failed = next(i for i, s in enumerate(sent) if "INSERT INTO idempotency_keys" in s)
+    assert sent[failed].endswith("; COMMIT"), sent[failed]
+    assert sent[failed + 1] == "ROLLBACK", sent  # the COMMIT after the failed INSERT never ran
+    assert result.outcome is core.Outcome.REPLAYED and result.stored.body == b"racer"
+    assert attempts == [1] and ran == []
+    assert count_rows("testapp_order") == 0
+    with observer() as o:
+        assert o.execute("SELECT response FROM idempotency_keys").fetchone()[0] == b"racer"
+    assert idle() and not connection.in_atomic_block
+
+
+def test_the_unique_violation_is_recognised_by_the_constraint_psycopg_reports():
+    # store._is_key_conflict tells a lost race from the handler's own errors
+    # by psycopg's diag.constraint_name.
+    store_as_racer()
+    with connect() as conn, as_tenant(conn, 1) as cur:
+        with pytest.raises(psycopg.errors.UniqueViolation) as raised, conn.transaction():
+            cur.execute("INSERT INTO idempotency_keys SELECT * FROM idempotency_keys")
+    assert raised.value.diag.constraint_name == "idempotency_keys_pkey"
