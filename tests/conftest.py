@@ -18,6 +18,29 @@ from tests.dbsetup import recreate_database
 from tests.helpers import truncate_all
 
 
+def pytest_collection_modifyitems(config, items):
+    """Skip a ``direct_sessions`` test when DIO_POOLED puts an alias it names behind pgbouncer.
+
+    ``@pytest.mark.direct_sessions("system", reason=...)`` needs direct sessions
+    on the aliases named; without names, on every alias.
+    """
+    from django.conf import settings
+
+    pooled = set(getattr(settings, "POOLED_ALIASES", ()))
+    if not pooled:
+        return
+    for item in items:
+        marker = item.get_closest_marker("direct_sessions")
+        if marker is None:
+            continue
+        hit = sorted(pooled.intersection(marker.args or settings.DATABASES))
+        if hit:
+            item.add_marker(pytest.mark.skip(reason=(
+                f"needs direct PostgreSQL sessions: {marker.kwargs.get('reason', 'see the test')}"
+                f" (DIO_POOLED puts {', '.join(hit)} behind pgbouncer in transaction mode)"
+            )))
+
+
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_blocker):
     with django_db_blocker.unblock():
