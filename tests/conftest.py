@@ -18,6 +18,17 @@ from tests.dbsetup import recreate_database
 from tests.helpers import truncate_all
 
 
+def pytest_configure(config):
+    """Processes the tests start write their output as it comes.
+
+    Several tests wait for a line ("running", "ready.") in a subprocess's log
+    file; Python buffers its output to a file in blocks, so without this the
+    line arrives only at exit. (Set in root's environment on some machines,
+    which hides the need.)
+    """
+    os.environ["PYTHONUNBUFFERED"] = "1"
+
+
 def pytest_collection_modifyitems(config, items):
     """Skip a ``direct_sessions`` test when DIO_POOLED puts an alias it names behind pgbouncer.
 
