@@ -30,7 +30,7 @@ DIST_STAMP := $(VENV)/.installed-dist
 
 $(STAMP): pyproject.toml
 	@echo "[make] creating $(VENV) and installing the project with its test tools"
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip --version >/dev/null 2>&1 || $(PYTHON) -m venv --clear $(VENV)
 	@$(BIN)/python -m pip install -q --disable-pip-version-check -U "pip>=25.1"
 	@$(BIN)/python -m pip install -q --disable-pip-version-check -e . --group test --group lint --group demo
 	@touch $(STAMP)
@@ -66,7 +66,7 @@ lint: $(STAMP)
 # The docs tools live in their own group and stamp, so `make test` stays lean.
 $(DOCS_STAMP): pyproject.toml
 	@echo "[make] installing the docs tools (dependency group 'docs') into $(VENV)"
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip --version >/dev/null 2>&1 || $(PYTHON) -m venv --clear $(VENV)
 	@$(BIN)/python -m pip install -q --disable-pip-version-check -U "pip>=25.1"
 	@$(BIN)/python -m pip install -q --disable-pip-version-check --group docs
 	@touch $(DOCS_STAMP)
@@ -77,7 +77,7 @@ docs: $(DOCS_STAMP)
 # The packaging tools live in their own group and stamp, like the docs tools.
 $(DIST_STAMP): pyproject.toml
 	@echo "[make] installing the packaging tools (dependency group 'dist') into $(VENV)"
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip --version >/dev/null 2>&1 || $(PYTHON) -m venv --clear $(VENV)
 	@$(BIN)/python -m pip install -q --disable-pip-version-check -U "pip>=25.1"
 	@$(BIN)/python -m pip install -q --disable-pip-version-check --group dist
 	@touch $(DIST_STAMP)
