@@ -2,30 +2,47 @@
 #
 #   make demo               the example shop, running, with a narrated scenario (make demo-stop)
 #   make test               the whole suite on a private PostgreSQL (started and stopped here)
+#   make test-pooled        the idempotency, tenancy and outbox suites with the app alias
+#                           through a private pgbouncer in transaction mode (DIO_POOLED=app);
+#                           tests marked direct_sessions are skipped there, with their reason
+#   make dist               sdist and wheel into dist/, twine check, and a check of the
+#                           wheel's contents (every sql/*.sql and py.typed; no tests)
 #   make bench-idempotency  DRF endpoint with and without the mixin, side by side
 #   make bench-outbox       relay into Redis/Celery, no-op consumer, latency, memory
 #   make bench-reaper       reaping 1,000,000 expired keys under live traffic
 #   make lint               ruff and mypy
 #   make docs               the documentation site (MkDocs, strict) into site/
 #   make services / make services-stop   keep PostgreSQL and Redis up between runs
+#                           (scripts/services start pgbouncer adds the pooler)
+#   make clean              stop the services, delete .run/ (their data), .venv and dist/
+#
+# PostgreSQL, Redis and pgbouncer come from Debian's packages (apt-get, as root)
+# and run from .run/ on 127.0.0.1, each on a port it keeps: see scripts/services.
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DOCS_STAMP := $(VENV)/.installed-docs
+DIST_STAMP := $(VENV)/.installed-dist
 
-.PHONY: demo demo-stop test bench-idempotency bench-outbox bench-reaper lint docs services services-stop clean
+.PHONY: demo demo-stop test test-pooled dist bench-idempotency bench-outbox bench-reaper lint docs services services-stop clean
 
 $(STAMP): pyproject.toml
 	@echo "[make] creating $(VENV) and installing the project with its test tools"
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip --version >/dev/null 2>&1 || $(PYTHON) -m venv --clear $(VENV)
 	@$(BIN)/python -m pip install -q --disable-pip-version-check -U "pip>=25.1"
 	@$(BIN)/python -m pip install -q --disable-pip-version-check -e . --group test --group lint --group demo
 	@touch $(STAMP)
 
 test: $(STAMP)
 	@scripts/services run pg redis -- $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The system alias stays direct: the key reaper's single-instance lock is a
+# session-level advisory lock (docs/scaling.md). DIO_POOLED=app,system also works.
+test-pooled: $(STAMP)
+	@DIO_POOLED=app scripts/services run pg redis pgbouncer -- \
+		$(BIN)/python -m pytest tests/idempotency tests/tenancy tests/outbox $(PYTEST_ARGS)
 
 bench-idempotency: $(STAMP)
 	@scripts/services run pg -- $(BIN)/python bench/bench_idempotency.py $(BENCH_ARGS)
@@ -49,7 +66,7 @@ lint: $(STAMP)
 # The docs tools live in their own group and stamp, so `make test` stays lean.
 $(DOCS_STAMP): pyproject.toml
 	@echo "[make] installing the docs tools (dependency group 'docs') into $(VENV)"
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip --version >/dev/null 2>&1 || $(PYTHON) -m venv --clear $(VENV)
 	@$(BIN)/python -m pip install -q --disable-pip-version-check -U "pip>=25.1"
 	@$(BIN)/python -m pip install -q --disable-pip-version-check --group docs
 	@touch $(DOCS_STAMP)
@@ -57,11 +74,27 @@ $(DOCS_STAMP): pyproject.toml
 docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --clean --site-dir site
 
+# The packaging tools live in their own group and stamp, like the docs tools.
+$(DIST_STAMP): pyproject.toml
+	@echo "[make] installing the packaging tools (dependency group 'dist') into $(VENV)"
+	@$(BIN)/python -m pip --version >/dev/null 2>&1 || $(PYTHON) -m venv --clear $(VENV)
+	@$(BIN)/python -m pip install -q --disable-pip-version-check -U "pip>=25.1"
+	@$(BIN)/python -m pip install -q --disable-pip-version-check --group dist
+	@touch $(DIST_STAMP)
+
+dist: $(DIST_STAMP)
+	@rm -rf dist
+	@$(BIN)/python -m build --outdir dist . >$(VENV)/build.log 2>&1 \
+		|| { tail -n 30 $(VENV)/build.log; echo "[make] python -m build failed; see $(VENV)/build.log"; exit 1; }
+	@$(BIN)/twine check --strict dist/*
+	@$(BIN)/python scripts/check-dist dist/*.whl dist/*.tar.gz
+
 services:
 	@scripts/services start pg redis
 
 services-stop:
 	@scripts/services stop
 
-clean: services-stop
-	rm -rf .run $(VENV) *.egg-info
+clean:
+	@scripts/services clean
+	rm -rf $(VENV) *.egg-info dist build

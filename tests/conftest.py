@@ -18,6 +18,40 @@ from tests.dbsetup import recreate_database
 from tests.helpers import truncate_all
 
 
+def pytest_configure(config):
+    """Processes the tests start write their output as it comes.
+
+    Several tests wait for a line ("running", "ready.") in a subprocess's log
+    file; Python buffers its output to a file in blocks, so without this the
+    line arrives only at exit. (Set in root's environment on some machines,
+    which hides the need.)
+    """
+    os.environ["PYTHONUNBUFFERED"] = "1"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip a ``direct_sessions`` test when DIO_POOLED puts an alias it names behind pgbouncer.
+
+    ``@pytest.mark.direct_sessions("system", reason=...)`` needs direct sessions
+    on the aliases named; without names, on every alias.
+    """
+    from django.conf import settings
+
+    pooled = set(getattr(settings, "POOLED_ALIASES", ()))
+    if not pooled:
+        return
+    for item in items:
+        marker = item.get_closest_marker("direct_sessions")
+        if marker is None:
+            continue
+        hit = sorted(pooled.intersection(marker.args or settings.DATABASES))
+        if hit:
+            item.add_marker(pytest.mark.skip(reason=(
+                f"needs direct PostgreSQL sessions: {marker.kwargs.get('reason', 'see the test')}"
+                f" (DIO_POOLED puts {', '.join(hit)} behind pgbouncer in transaction mode)"
+            )))
+
+
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_blocker):
     with django_db_blocker.unblock():

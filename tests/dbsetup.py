@@ -5,6 +5,10 @@ Used by the test harness (tests/conftest.py) and the benchmarks (bench/).
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -23,10 +27,50 @@ def owner_dsn(dbname: str) -> str:
     )
 
 
+@contextlib.contextmanager
+def pooler_paused(dbname: str) -> Iterator[None]:
+    """Keep the private pgbouncer (if one runs) off ``dbname`` while the block runs.
+
+    pgbouncer keeps server sessions to the test database in its pool after
+    their clients have gone (``server_idle_timeout``, 10 minutes), and a pooled
+    run's clients come back to it. ``DROP DATABASE ... WITH (FORCE)`` would
+    end those sessions behind pgbouncer's back, and pgbouncer could open new
+    ones while the database is dropped and created again. Its admin console
+    does it cleanly instead: ``KILL`` closes the pool's client and server
+    connections to the database and makes new clients wait; ``RESUME`` lets
+    them in once the new database is there. (Recreating without DROP
+    DATABASE, by emptying the schema, would leave a pooled session's cached
+    state and the previous run's objects to reason about; this is shorter.)
+    """
+    port = os.environ.get("DIO_PGBOUNCER_PORT")
+    if not port or not re.fullmatch(r"\w+", dbname):
+        yield
+        return
+    owner = settings.DATABASES["owner"]
+    try:
+        admin = psycopg.connect(
+            host="127.0.0.1", port=port, user=owner["USER"], password=owner["PASSWORD"],
+            dbname="pgbouncer", autocommit=True,
+        )
+    except psycopg.OperationalError:  # a stale DIO_PGBOUNCER_PORT: nothing to pause
+        yield
+        return
+    with admin:
+        try:
+            admin.execute(f"KILL {dbname}")
+        except psycopg.Error:  # "no such database": pgbouncer never served it
+            yield
+            return
+        try:
+            yield
+        finally:
+            admin.execute(f"RESUME {dbname}")
+
+
 def recreate_database(drop_policies: bool = False) -> None:
     """Drop and create the configured database as the owner, migrate, grant."""
     name = settings.DATABASES["default"]["NAME"]
-    with psycopg.connect(owner_dsn("postgres"), autocommit=True) as conn:
+    with pooler_paused(name), psycopg.connect(owner_dsn("postgres"), autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"')
     call_command("migrate", database="owner", verbosity=0)

@@ -35,8 +35,12 @@ def dsn(alias: str = "default") -> str:
 
 
 def connect(alias: str = "default", **kwargs) -> psycopg.Connection:
-    """A raw psycopg connection as the role of ``alias`` (default: the app role)."""
-    return psycopg.connect(dsn(alias), **kwargs)
+    """A raw psycopg connection as the role of ``alias`` (default: the app role).
+
+    It connects where the alias does (through pgbouncer when the alias is
+    pooled) and takes the alias's ``OPTIONS`` (no prepared statements there).
+    """
+    return psycopg.connect(dsn(alias), **{**settings.DATABASES[alias].get("OPTIONS", {}), **kwargs})
 
 
 @contextlib.contextmanager
@@ -69,7 +73,7 @@ def observer() -> psycopg.Connection:
     """
     import os
 
-    db = settings.DATABASES["default"]
+    db = settings.DATABASES["owner"]  # the one alias that is never pooled
     socket_dir = os.environ.get("DIO_PGSOCKET") or db["HOST"]
     return psycopg.connect(
         host=socket_dir, port=db["PORT"], user="postgres", dbname=db["NAME"], autocommit=True

@@ -56,9 +56,11 @@ class LiveServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"gunicorn exited with {self.proc.returncode}")
             try:
-                requests.get(self.url + "/orders/", timeout=1)
+                requests.get(self.url + "/orders/", timeout=5)
                 return self
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):
+                # A worker's first answer loads Django and connects: on a busy
+                # machine it may take longer than one attempt waits.
                 time.sleep(0.1)
         self.stop()
         raise RuntimeError("gunicorn did not start within 30 s")

@@ -7,16 +7,47 @@
   test runs as the web process would.
 - ``system``: the system role, for cross-tenant upkeep.
 - ``owner``: the owner role; only the test harness uses it (migrate, cleanup).
+
+``DIO_POOLED`` puts aliases behind the private pgbouncer (transaction
+pooling, ``scripts/services start pgbouncer``, which exports
+``DIO_PGBOUNCER_PORT``): ``DIO_POOLED=app`` routes ``default`` through it
+(what ``make test-pooled`` runs), ``DIO_POOLED=app,system`` the system alias
+too. The owner alias always connects directly: migrations and the harness's
+cleanup are not what a pooler is for. Processes the tests start inherit the
+environment, so they connect the same way.
 """
 
 import os
 
+from django.core.exceptions import ImproperlyConfigured
+
 _NAME = os.environ.get("DIO_TEST_DB", "dio_test")
 
+#: Aliases DIO_POOLED may name, and the alias each one means.
+_POOLABLE = {"app": "default", "system": "system"}
 
-def _database(role_env: str, default_role: str) -> dict:
+
+def _pooled_aliases() -> set[str]:
+    names = {n.strip() for n in os.environ.get("DIO_POOLED", "").split(",") if n.strip()}
+    unknown = names - _POOLABLE.keys()
+    if unknown:
+        raise ImproperlyConfigured(
+            f"DIO_POOLED names {', '.join(sorted(unknown))}; expected 'app' or 'app,system'"
+        )
+    if names and not os.environ.get("DIO_PGBOUNCER_PORT"):
+        raise ImproperlyConfigured(
+            "DIO_POOLED needs pgbouncer: run under `scripts/services run pg redis pgbouncer --`"
+            " (or `make test-pooled`), which exports DIO_PGBOUNCER_PORT"
+        )
+    return {_POOLABLE[n] for n in names}
+
+
+POOLED_ALIASES = _pooled_aliases()
+
+
+def _database(alias: str, role_env: str, default_role: str) -> dict:
     role = os.environ.get(role_env, default_role)
-    return {
+    db = {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": _NAME,
         "USER": role,
@@ -26,12 +57,34 @@ def _database(role_env: str, default_role: str) -> dict:
         "CONN_MAX_AGE": int(os.environ.get("DIO_CONN_MAX_AGE", "0")),
         "TEST": {"NAME": _NAME},
     }
+    if alias in POOLED_ALIASES:
+        db.update(
+            HOST=os.environ.get("DIO_PGBOUNCER_HOST", "127.0.0.1"),
+            PORT=os.environ["DIO_PGBOUNCER_PORT"],
+            # What a pooled alias needs (docs/scaling.md). No prepared
+            # statements: pgbouncer 1.18 in transaction mode does not follow
+            # them from one server connection to the next. Django's psycopg 3
+            # backend already defaults to None; said here, not assumed.
+            OPTIONS={"prepare_threshold": None},
+            # A client connection to pgbouncer holds no server connection
+            # between transactions, so keeping it costs the server nothing and
+            # saves a SCRAM handshake per request: persistent, as in production.
+            CONN_MAX_AGE=None,
+            # ...and checked before a request reuses it, so one that pgbouncer
+            # closed (a restart, the harness's KILL) is replaced instead of
+            # failing the next request.
+            CONN_HEALTH_CHECKS=True,
+            # A server-side cursor outside a transaction would outlive the
+            # server connection it was declared on.
+            DISABLE_SERVER_SIDE_CURSORS=True,
+        )
+    return db
 
 
 DATABASES = {
-    "default": _database("DIO_APP_ROLE", "dio_app"),
-    "system": _database("DIO_SYSTEM_ROLE", "dio_system"),
-    "owner": _database("DIO_OWNER_ROLE", "dio_owner"),
+    "default": _database("default", "DIO_APP_ROLE", "dio_app"),
+    "system": _database("system", "DIO_SYSTEM_ROLE", "dio_system"),
+    "owner": _database("owner", "DIO_OWNER_ROLE", "dio_owner"),
 }
 
 SECRET_KEY = "tests-only-not-secret"

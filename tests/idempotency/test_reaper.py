@@ -82,6 +82,9 @@ def test_a_second_reaper_steps_aside_while_one_runs():
     assert count_rows("idempotency_keys") == 5
 
 
+@pytest.mark.direct_sessions(
+    "system", reason="the reaper's single-instance lock is a session-level advisory lock"
+)
 def test_two_concurrent_reapers_neither_double_count_nor_deadlock():
     make_keys(1, expired=3000, live=10)
     make_keys(2, expired=3000, live=10)

@@ -1,19 +1,21 @@
 """Settings for the library's processes that the tests start (manage.py, celery).
 
-The test settings, with persistent connections: a long-running loop then
-keeps its sessions between batches, as in production, so cutting them
-(pg_terminate_backend) tests the reconnection for real.
+The test run's own settings (its settings module is passed down in
+``DIO_BASE_SETTINGS``, the rest of its environment is inherited), with
+persistent connections: a long-running loop then keeps its sessions between
+batches, as in production, so cutting them (pg_terminate_backend) tests the
+reconnection for real.
 """
 
-from tests.settings import *  # noqa: F403
-from tests.settings import DATABASES
+import importlib
+import os
+
+_base = importlib.import_module(os.environ.get("DIO_BASE_SETTINGS", "tests.settings"))
+globals().update({name: value for name, value in vars(_base).items() if name.isupper()})
+DATABASES = _base.DATABASES
 
 for _db in DATABASES.values():
     _db["CONN_MAX_AGE"] = None
 
-import os  # noqa: E402
-
-from tests.settings import OUTBOX  # noqa: E402
-
 # A crashed relay's lease runs out after this (the crash tests shorten it).
-OUTBOX = {**OUTBOX, "RELAY_LEASE": float(os.environ.get("DIO_RELAY_LEASE", "30"))}
+OUTBOX = {**_base.OUTBOX, "RELAY_LEASE": float(os.environ.get("DIO_RELAY_LEASE", "30"))}

@@ -29,7 +29,10 @@ from tests.outbox.helpers import (
 )
 
 A, B = 1, 2
-SUBPROCESS_SETTINGS = {"DJANGO_SETTINGS_MODULE": "tests.outbox.settings"}
+SUBPROCESS_SETTINGS = {  # the outbox overlay on this run's own settings module
+    "DJANGO_SETTINGS_MODULE": "tests.outbox.settings",
+    "DIO_BASE_SETTINGS": django_settings.SETTINGS_MODULE,
+}
 
 
 @pytest.fixture
@@ -116,6 +119,10 @@ def test_two_consumer_processes_share_partitions_once_each_in_key_order(tmp_path
     assert all(counts), counts  # both processes did share the work
 
 
+@pytest.mark.direct_sessions(
+    reason="it cuts sessions by application_name, a name pgbouncer leaves on pooled server"
+    " connections that other clients (this test's own) go on to use"
+)
 def test_the_consumer_loop_survives_losing_the_database_and_stops_on_sigterm(tmp_path):
     app_name = f"dio-loop-{uuid.uuid4().hex[:6]}"
     proc = Process.manage(
@@ -141,6 +148,10 @@ def test_the_consumer_loop_survives_losing_the_database_and_stops_on_sigterm(tmp
     assert handled_count(proc.output) == len(ids)
 
 
+@pytest.mark.direct_sessions(
+    reason="it cuts sessions by application_name, a name pgbouncer leaves on pooled server"
+    " connections that other clients (this test's own) go on to use"
+)
 def test_the_relay_loop_survives_losing_the_database_and_stops_on_sigterm(tmp_path, queue):
     app_name = f"dio-relay-{uuid.uuid4().hex[:6]}"
     proc = Process.manage(

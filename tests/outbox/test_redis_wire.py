@@ -32,7 +32,10 @@ from tests.outbox.helpers import Process, effects, publish_as, publish_many, wai
 from tests.outbox.transports import DieAfterSend
 
 A, B = 1, 2
-SUBPROCESS_SETTINGS = {"DJANGO_SETTINGS_MODULE": "tests.outbox.settings"}
+SUBPROCESS_SETTINGS = {  # the outbox overlay on this run's own settings module
+    "DJANGO_SETTINGS_MODULE": "tests.outbox.settings",
+    "DIO_BASE_SETTINGS": django_settings.SETTINGS_MODULE,
+}
 
 PAYLOADS: list[Any] = [
     {"sku": "a", "n": 1},
