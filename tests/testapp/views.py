@@ -6,7 +6,7 @@ import time
 from django.http import JsonResponse
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.exceptions import APIException, PermissionDenied
-from rest_framework.parsers import JSONParser, MultiPartParser
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -53,7 +53,7 @@ class OrderSerializer(serializers.ModelSerializer):
 
 class OrderCreate(mixins.CreateModelMixin, viewsets.GenericViewSet):
     serializer_class = OrderSerializer
-    parser_classes = [JSONParser, MultiPartParser]
+    parser_classes = [JSONParser, FormParser, MultiPartParser]
 
     def get_queryset(self):
         return Order.objects.all()
