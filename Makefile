@@ -27,6 +27,13 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	@scripts/services run pg redis -- $(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The tenancy, idempotency and outbox suites again, with the app alias named "app" and the
+# system alias "upkeep" (tests/settings_app_alias.py): nothing may assume "default".
+.PHONY: test-app-alias
+test-app-alias: $(STAMP)
+	@DJANGO_SETTINGS_MODULE=tests.settings_app_alias DIO_SUITE_SETTINGS=tests.settings_app_alias \
+		scripts/services run pg redis -- $(BIN)/python -m pytest tests/tenancy tests/idempotency tests/outbox $(PYTEST_ARGS)
+
 bench-idempotency: $(STAMP)
 	@scripts/services run pg -- $(BIN)/python bench/bench_idempotency.py $(BENCH_ARGS)
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.helpers import count_rows, observer
+from tests.helpers import app_connection, count_rows, observer
 
 
 def orders(where: str = "TRUE") -> int:
@@ -366,11 +366,9 @@ def test_status_codes_are_settings(client, settings):
 
 @pytest.fixture
 def atomic_requests():
-    from django.db import connection
-
-    connection.settings_dict["ATOMIC_REQUESTS"] = True
+    app_connection().settings_dict["ATOMIC_REQUESTS"] = True
     yield
-    connection.settings_dict["ATOMIC_REQUESTS"] = False
+    app_connection().settings_dict["ATOMIC_REQUESTS"] = False
 
 
 def test_under_atomic_requests_the_contract_holds(client, atomic_requests):

@@ -6,6 +6,7 @@ import pytest
 from django.core.management import call_command
 
 from outbox.status import status
+from tenancy.aliases import system_alias
 from tests.helpers import connect, observer
 from tests.outbox.consumers import OrderRecorder
 from tests.outbox.helpers import drain, effects, publish_many, raw_publish
@@ -16,7 +17,7 @@ A = 1
 @pytest.fixture
 def system_reads_all_stats(settings):
     """The system role as docs/outbox.md provisions it: member of pg_read_all_stats."""
-    role = settings.DATABASES["system"]["USER"]
+    role = settings.DATABASES[system_alias()]["USER"]
     with observer() as conn:
         conn.execute(f"GRANT pg_read_all_stats TO {role}")
     yield

@@ -159,7 +159,8 @@ def plain_django_create(request):
     import json
 
     if request.method == "GET":  # a safe method: no key, but the tenant's rows
-        return JsonResponse({"skus": list(Order.objects.order_by("id").values_list("sku", flat=True))})
+        skus = Order.objects.order_by("id").values_list("sku", flat=True)
+        return JsonResponse({"skus": list(skus)})
     data = json.loads(request.body)
     order = Order.objects.create(tenant_id=current_tenant_id(), sku=data["sku"])
     if data.get("then") == "raise":
