@@ -10,7 +10,7 @@ from outbox import publish
 from tenancy import TenantScopedViewMixin
 
 from .models import Order, Product
-from .payments import CapturePayment
+from .phases import CapturePayment
 from .serializers import OrderSerializer, ProductSerializer
 
 IDEMPOTENCY_KEY = OpenApiParameter(
