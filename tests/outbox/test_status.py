@@ -65,3 +65,15 @@ def test_status_counts_parked_messages(settings, capsys):
     assert status().parked == {"orders": 1}
     call_command("outbox_status")
     assert "parked: 1 (orders: 1)" in capsys.readouterr().out
+
+
+def test_status_says_so_when_every_reader_is_up_to_date(capsys):
+    call_command("outbox_status")  # no reader has run yet
+    assert "not passed by every reader" not in capsys.readouterr().out
+    publish_many(A, "order.placed", [{"sku": "a"}])
+    drain(OrderRecorder(), until=lambda: len(effects()) == 1)
+    assert status().oldest_unpassed_age is None
+    call_command("outbox_status")
+    out = capsys.readouterr().out
+    assert "oldest message not passed by every reader: none, every reader is up to date" in out
+    assert "- old" not in out
