@@ -103,11 +103,26 @@ def test_the_answer_is_rendered_as_the_tenant(api, orders):
     assert get(api, "/lazy-skus/").json() == {"skus": ["tea", "cake"]}
 
 
-def test_an_opted_out_view_runs_without_a_tenant(api, orders):
+def test_an_opted_out_view_runs_without_a_tenant(api, orders, settings):
+    def resolver(request):
+        raise AssertionError("an opted-out view does not ask the resolver")
+
+    settings.TENANCY = {**settings.TENANCY, "TENANT_RESOLVER": resolver}
     for user in ("nobody", "alice"):
         response = get(api, "/unscoped-status/", user=user)
         assert response.status_code == 200, response.content
         assert response.json() == {"tenant": None, "visible_orders": 0}
+
+
+def test_get_tenant_is_the_hook_that_names_the_tenant(api, orders):
+    listed = get(api, "/header-tenant-orders/", **{"X-Tenant": "2"})
+    assert [o["sku"] for o in listed.json()] == ["rice"]
+
+
+def test_a_streamed_answer_runs_after_the_tenants_transaction(api, orders):
+    response = get(api, "/streamed-skus/")
+    assert response.status_code == 200
+    assert b"".join(response.streaming_content) == b""  # as docs/mixin.md warns
 
 
 def test_a_method_the_view_lacks_is_still_405(api):
@@ -134,6 +149,17 @@ def test_a_post_through_the_idempotent_mixin_sets_the_tenant_once(api):
     # One savepoint, the handler's: no tenant_context of the view around the key's transaction.
     assert len([s for s in sent if s.startswith("SAVEPOINT")]) == 1
     assert count_rows("testapp_order", "tenant_id = 1") == 1
+
+
+def test_an_idempotent_view_that_opted_out_still_needs_a_tenant_for_writes(api, orders):
+    assert get(api, "/opted-out-order-book/", user="nobody").json() == []  # no tenant: no rows
+    refused = api.post("/opted-out-order-book/", {"sku": "tea"}, format="json",
+                       headers={"X-User": "nobody", "Idempotency-Key": "k1"})
+    assert problem(refused)["code"] == "tenant_unknown"
+    created = api.post("/opted-out-order-book/", {"sku": "tea"}, format="json",
+                       headers={"X-User": "alice", "Idempotency-Key": "k1"})
+    assert created.status_code == 201
+    assert count_rows("testapp_order", "tenant_id = 1") == 3
 
 
 def test_without_a_tenant_an_idempotent_post_is_refused_before_its_key(api):

@@ -28,4 +28,7 @@ urlpatterns = [
     path("lazy-skus/", views.LazySkusView.as_view()),
     path("unscoped-status/", views.UnscopedStatusView.as_view()),
     path("django-scoped-orders/", views.plain_scoped_orders),
+    path("header-tenant-orders/", views.TenantFromHeaderViewSet.as_view(collection)),
+    path("opted-out-order-book/", views.OptedOutOrderBookViewSet.as_view(collection)),
+    path("streamed-skus/", views.StreamedSkusView.as_view()),
 ]

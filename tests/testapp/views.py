@@ -3,7 +3,7 @@
 import hashlib
 import time
 
-from django.http import JsonResponse
+from django.http import JsonResponse, StreamingHttpResponse
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.exceptions import APIException, PermissionDenied
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
@@ -219,3 +219,26 @@ class UnscopedStatusView(TenantScopedViewMixin, APIView):
 @tenant_scoped
 def plain_scoped_orders(request):
     return JsonResponse({"skus": list(Order.objects.order_by("id").values_list("sku", flat=True))})
+
+
+class TenantFromHeaderViewSet(ScopedOrderViewSet):
+    """get_tenant() overridden: the tenant named by a header (for a test only)."""
+
+    def get_tenant(self):
+        return int(self.request.headers["X-Tenant"])
+
+
+class OptedOutOrderBookViewSet(IdempotentOrderBookViewSet):
+    """An idempotent view whose safe methods opted out of the tenant."""
+
+    tenant_scoped = False
+
+
+class StreamedSkusView(TenantScopedViewMixin, APIView):
+    """Streams after the view returned: the iterator runs with no tenant."""
+
+    def get(self, request):
+        def skus():
+            yield ",".join(Order.objects.order_by("id").values_list("sku", flat=True))
+
+        return StreamingHttpResponse(skus())
