@@ -5,6 +5,8 @@
 #   make test-pooled        the idempotency, tenancy and outbox suites with the app alias
 #                           through a private pgbouncer in transaction mode (DIO_POOLED=app);
 #                           tests marked direct_sessions are skipped there, with their reason
+#   make test-app-alias     the same suites with the aliases named other than "default"
+#                           (tests/settings_app_alias.py: nothing may assume "default")
 #   make dist               sdist and wheel into dist/, twine check, and a check of the
 #                           wheel's contents (every sql/*.sql and py.typed; no tests)
 #   make bench-idempotency  DRF endpoint with and without the mixin, side by side
@@ -43,6 +45,13 @@ test: $(STAMP)
 test-pooled: $(STAMP)
 	@DIO_POOLED=app scripts/services run pg redis pgbouncer -- \
 		$(BIN)/python -m pytest tests/idempotency tests/tenancy tests/outbox $(PYTEST_ARGS)
+
+# The tenancy, idempotency and outbox suites again, with the app alias named "app" and the
+# system alias "upkeep" (tests/settings_app_alias.py): nothing may assume "default".
+.PHONY: test-app-alias
+test-app-alias: $(STAMP)
+	@DJANGO_SETTINGS_MODULE=tests.settings_app_alias \
+		scripts/services run pg redis -- $(BIN)/python -m pytest tests/tenancy tests/idempotency tests/outbox $(PYTEST_ARGS)
 
 bench-idempotency: $(STAMP)
 	@scripts/services run pg -- $(BIN)/python bench/bench_idempotency.py $(BENCH_ARGS)

@@ -275,6 +275,7 @@ def out_of_order_commit(shop: Shop) -> tuple[int, int]:
     from example_project.shop.models import Order, Product
     from outbox import publish
     from tenancy import tenant_context
+    from tenancy.aliases import app_alias
 
     merchant = shop.users["alice"]["merchant"]
     before = sales_orders(merchant)
@@ -314,7 +315,7 @@ def out_of_order_commit(shop: Shop) -> tuple[int, int]:
             "the consumer waits: A is still open below it (an `id >` reader "
             "would have taken B and skipped A forever)",
         )
-        transaction.on_commit(lambda: note("A commits."))
+        transaction.on_commit(lambda: note("A commits."), using=app_alias())
     expect(
         wait_until(lambda: sales_orders(merchant) - before == 2),
         "after A commits, the projection counts A and B, once each",

@@ -7,5 +7,18 @@ class IdempotencyConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # Importing the settings object registers it with the settings check.
-        from idempotency import conf  # noqa: F401
+        from idempotency import checks, conf  # noqa: F401 - conf registers with the check
+
+        checks.register()
+        discover_programs()
+
+
+def discover_programs() -> None:
+    """Import every installed app's ``phases`` module, as the admin does ``admin`` modules.
+
+    Each process (web, Celery worker, ``complete_idempotency_keys``) then
+    knows every phases program defined there, whatever else it imports.
+    """
+    from django.utils.module_loading import autodiscover_modules
+
+    autodiscover_modules("phases")

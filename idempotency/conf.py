@@ -38,7 +38,6 @@ class IdempotencySettings(AppSettings):
     STATUS_KEY_INVALID = Setting(400, http_status)
     STATUS_MISMATCH = Setting(422, http_status)
     STATUS_IN_PROGRESS = Setting(409, http_status)
-    STATUS_NO_TENANT = Setting(403, http_status)
     #: Seconds advertised in Retry-After with the in-progress answer.
     RETRY_AFTER = Setting(1, integer(minimum=0))
     #: Seconds to wait for a duplicate in flight before answering in-progress;

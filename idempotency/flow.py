@@ -4,9 +4,10 @@ The DRF mixin (:mod:`idempotency.mixins`) and the decorator for plain Django
 views (:mod:`idempotency.decorators`) differ in how a view is called, rendered
 and fingerprinted; the rest is :func:`respond`, which both call:
 
-1. safe methods run as they are;
-2. the key header is checked and the tenant found (a problem answer if not);
-3. without a key where none is required, the view runs as the tenant;
+1. the tenant is found (a problem answer if there is none);
+2. safe methods run as the tenant, with no key;
+3. the key header is checked; without a key where none is required, the view
+   runs as the tenant;
 4. otherwise the state machine (:func:`idempotency.core.execute`, or a
    phases program) runs the view at most once, and the result is answered:
    the view's own response, a replay, 422 or 409.
@@ -32,9 +33,9 @@ from idempotency.responses import (
 )
 from tenancy import tenant_context
 from tenancy.aliases import app_alias
-from tenancy.resolver import resolve_tenant
+from tenancy.resolver import no_tenant_response, resolve_tenant
 
-#: Methods that need no key and run untouched.
+#: Methods that need no key; they still run as the request's tenant.
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
 
@@ -68,13 +69,18 @@ def respond(
         parse_key: turns the header value into a key, or raises ``InvalidKey``.
         get_tenant: the request's tenant; ``TENANCY["TENANT_RESOLVER"]`` when None.
         replay: builds the replayed answer from the stored one.
-        keyed_view: runs the view under a key (``view`` when None); its
-            answer is stored as returned, so it must be final and rendered.
+        keyed_view: runs the view and returns its final, rendered answer
+            (``view`` when None): under a key, where the answer is stored as
+            returned, and for safe methods, rendered as the tenant.
         run_program: phases mode: runs the program for the key, instead of
             running ``keyed_view`` in one transaction with it.
     """
     if request.method in SAFE_METHODS:
-        return view()
+        tenant_id = get_tenant() if get_tenant else resolve_tenant(request)
+        if tenant_id is None:
+            return no_tenant_response()
+        with tenant_context(tenant_id, using=app_alias()):
+            return (keyed_view or view)()
     checked = check_request(
         request,
         required=idempotency_settings.REQUIRED if required is None else required,
@@ -115,13 +121,16 @@ def check_request(
     parse_key: Callable[[str], str] = core.parse_key,
     get_tenant: Callable[[], int | None] | None = None,
 ) -> tuple[str | None, int] | HttpResponse:
-    """Validate the key header and find the tenant.
+    """Find the tenant, then validate the key header.
 
     Returns:
         ``(key, tenant_id)`` to go on, where ``key`` is None when the request
         has no key and none is required (run the view, without a key, as the
         tenant); or the error answer to send instead.
     """
+    tenant_id = get_tenant() if get_tenant else resolve_tenant(request)
+    if tenant_id is None:
+        return no_tenant_response()
     s = idempotency_settings
     header = request.headers.get(s.HEADER)
     key: str | None = None
@@ -137,9 +146,4 @@ def check_request(
             key = parse_key(header)
         except core.InvalidKey as exc:
             return problem_response(s.STATUS_KEY_INVALID, "idempotency_key_invalid", str(exc))
-    tenant_id = get_tenant() if get_tenant else resolve_tenant(request)
-    if tenant_id is None:
-        return problem_response(
-            s.STATUS_NO_TENANT, "tenant_unknown", "The request does not belong to a tenant."
-        )
     return key, tenant_id

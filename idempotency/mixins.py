@@ -17,10 +17,10 @@ from idempotency.fingerprint import canonical_json, canonical_path, fingerprint,
 from idempotency.phases import Phases
 from idempotency.responses import replay_response, to_stored_response
 from tenancy.aliases import app_alias
-from tenancy.resolver import resolve_tenant
+from tenancy.mixins import TenantScopedViewMixin
 
 
-class IdempotentViewMixin:
+class IdempotentViewMixin(TenantScopedViewMixin):
     """Make a DRF view's unsafe methods idempotent under an ``Idempotency-Key``.
 
     Put it first among the bases::
@@ -31,9 +31,14 @@ class IdempotentViewMixin:
             serializer_class = OrderSerializer
 
     Authentication, permissions and throttling run first, as usual; then the
-    key is checked, and the handler runs inside ``tenant_context`` for the
-    tenant named by ``TENANCY["TENANT_RESOLVER"]``, in one transaction with
-    the key row and the stored answer. Safe methods are untouched.
+    tenant is found (:meth:`get_tenant`, by default ``TENANCY["TENANT_RESOLVER"]``),
+    the key is checked, and the handler runs inside ``tenant_context`` for
+    that tenant, in one transaction with the key row and the stored answer:
+    the tenant is set once, in the key's transaction. Safe methods need no
+    key and run as the tenant too (:class:`tenancy.TenantScopedViewMixin`,
+    which this mixin builds on; ``tenant_scoped = False`` leaves them
+    without a tenant, while unsafe methods always need one, since keys are
+    per tenant).
 
     Attributes (all optional; ``None`` means "use the setting"):
         idempotency_scope: the operation name keys are unique in; defaults to
@@ -45,7 +50,7 @@ class IdempotentViewMixin:
 
     Hooks, in the style of DRF's ``get_*``/``perform_*`` methods:
     :meth:`get_idempotency_key`, :meth:`get_idempotency_scope`,
-    :meth:`get_idempotency_tenant`, :meth:`get_idempotency_principal`,
+    :meth:`get_tenant`, :meth:`get_idempotency_principal`,
     :meth:`get_idempotency_fingerprint`, :meth:`perform_replay` and
     :meth:`get_idempotency_phases`. The request flow itself is
     :func:`idempotency.flow.respond`, shared with :func:`idempotency.idempotent`.
@@ -59,17 +64,17 @@ class IdempotentViewMixin:
 
     request: Request
 
-    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
-        super().initial(request, *args, **kwargs)  # type: ignore[misc]
+    def _needs_tenant(self, request: Request) -> bool:
+        # Keys are per tenant: an unsafe method needs one even when the view
+        # opted its safe methods out (tenant_scoped = False).
+        return self.tenant_scoped or request.method not in flow.SAFE_METHODS
+
+    def _run_as_tenant(self, handler: Any, request: Request, *args: Any, **kwargs: Any) -> Any:
         if request.method in flow.SAFE_METHODS:
-            return
-        name = str(request.method).lower()
-        handler = getattr(self, name, None)
-        if handler is None:
-            return  # DRF answers 405 as usual
-        # APIView.dispatch looks the handler up after initial(): wrapping it
-        # here checks the key after authentication, permissions and throttling.
-        setattr(self, name, functools.partial(self._run_idempotently, handler))
+            return super()._run_as_tenant(handler, request, *args, **kwargs)
+        # Not inside a tenant_context of our own: the key's transaction opens
+        # it, so the tenant is set once, in that transaction.
+        return self._run_idempotently(handler, request, *args, **kwargs)
 
     def _run_idempotently(self, handler: Any, request: Request, *args: Any, **kwargs: Any) -> Any:
         program = self.get_idempotency_phases()
@@ -96,7 +101,7 @@ class IdempotentViewMixin:
             ttl=None if ttl is None else as_timedelta(ttl, "idempotency_ttl"),
             wait=self.idempotency_wait,
             parse_key=self.get_idempotency_key,
-            get_tenant=self.get_idempotency_tenant,
+            get_tenant=lambda: self.tenant_id,
             replay=self.perform_replay,
             keyed_view=keyed_view,
             run_program=None if program is None else functools.partial(
@@ -158,10 +163,6 @@ class IdempotentViewMixin:
         cls = type(self)
         action = getattr(self, "action", None) or str(self.request.method).lower()
         return f"{cls.__module__}.{cls.__qualname__}.{action}"
-
-    def get_idempotency_tenant(self) -> int | None:
-        """The tenant of the request; by default ``TENANCY["TENANT_RESOLVER"]``."""
-        return resolve_tenant(self.request)
 
     def get_idempotency_principal(self) -> str:
         """Who is asking: part of the fingerprint, so another user's reuse is a mismatch."""

@@ -63,6 +63,7 @@ from typing import Any, ClassVar
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connections, transaction
 
+from django_idempotency_outbox.errors import ConfigurationError
 from idempotency import store
 from idempotency.conf import as_timedelta, idempotency_settings
 from idempotency.core import (
@@ -210,8 +211,8 @@ class Phases:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if cls.scope:
-            _registry[cls.scope] = cls
+        if "scope" in vars(cls) and cls.scope:
+            register(cls)
 
     def phase(self, name: str) -> Callable[[PhaseContext], Any]:
         method = getattr(self, name, None)
@@ -223,6 +224,31 @@ class Phases:
 
 
 _RESERVED = frozenset(dir(Phases))
+
+
+def register(program: type[Phases]) -> None:
+    """Make ``program`` the one program of its scope (done by subclassing :class:`Phases`).
+
+    Programs are found by scope, by a retry in another process and by the
+    completer: ``IdempotencyConfig.ready()`` imports every installed app's
+    ``phases`` module so that each process knows the same programs.
+
+    Raises:
+        ConfigurationError: another program already has this scope (a class
+            defined again by the same module and name replaces itself).
+    """
+    existing = _registry.get(program.scope)
+    if existing is not None and _name(existing) != _name(program):
+        raise ConfigurationError(
+            f"Phases programs {_name(existing)} and {_name(program)} both have scope "
+            f"{program.scope!r}: a key's scope names one program. Give one of them another "
+            "scope."
+        )
+    _registry[program.scope] = program
+
+
+def _name(program: type[Phases]) -> str:
+    return f"{program.__module__}.{program.__qualname__}"
 
 
 def program_for(scope: str) -> type[Phases] | None:

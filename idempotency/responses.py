@@ -1,39 +1,31 @@
 """HTTP answers of the contract, given by :mod:`idempotency.flow` for the mixin and the decorator.
 
-The library's own errors are RFC 9457 problem details with a stable ``code``
-member; ``type`` is ``about:blank`` so ``title`` is the reason phrase.
+The library's own errors are RFC 9457 problem details
+(:mod:`django_idempotency_outbox.problems`, shared with ``tenancy``).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from http import HTTPStatus
 from typing import Any
 
 from django.http import HttpResponse
 
+from django_idempotency_outbox.problems import PROBLEM_CONTENT_TYPE, problem_response
 from idempotency import core
 from idempotency.conf import idempotency_settings
 
-PROBLEM_CONTENT_TYPE = "application/problem+json"
+__all__ = [
+    "PROBLEM_CONTENT_TYPE",
+    "REPLAYED_HEADER",
+    "answer",
+    "http_response",
+    "problem_response",
+    "replay_response",
+    "to_stored_response",
+]
+
 REPLAYED_HEADER = "Idempotent-Replayed"
-
-
-def problem_response(
-    status: int, code: str, detail: str, headers: dict[str, str] | None = None
-) -> HttpResponse:
-    try:
-        title = HTTPStatus(status).phrase
-    except ValueError:
-        title = "Error"
-    body = {"type": "about:blank", "title": title, "status": status, "detail": detail, "code": code}
-    response = HttpResponse(
-        json.dumps(body, separators=(",", ":")), status=status, content_type=PROBLEM_CONTENT_TYPE
-    )
-    for name, value in (headers or {}).items():
-        response[name] = value
-    return response
 
 
 def to_stored_response(response: HttpResponse) -> core.StoredResponse:

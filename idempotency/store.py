@@ -559,3 +559,15 @@ def abandoned_keys(
                      "request_path", "request_data")[:limit]
     )
     return [AbandonedKey(*row[:-1], request_data=row[-1] or {}) for row in rows]
+
+
+def pending_scopes(alias: str) -> list[str]:
+    """The scopes that have pending keys, across tenants (an alias that sees them all)."""
+    rows = (
+        IdempotencyKey.objects.using(alias)
+        .filter(state=PENDING)
+        .order_by("scope")
+        .values_list("scope", flat=True)
+        .distinct()
+    )
+    return list(rows)

@@ -13,16 +13,20 @@ from typing import Any
 
 from django.conf import settings
 from django.core import checks
-from django.db import DatabaseError
+from django.db import DatabaseError, router
 
 from django_idempotency_outbox.conf import registered
 from django_idempotency_outbox.errors import ConfigurationError
 from tenancy.conf import tenancy_settings
-from tenancy.db import role_facts, table_facts, tenant_isolated_tables
+from tenancy.db import role_facts, table_facts, tenant_isolated_models, tenant_isolated_tables
+
+#: The library's own apps: they pass their alias to every query themselves.
+LIBRARY_APPS = frozenset({"tenancy", "idempotency", "outbox"})
 
 
 def register() -> None:
     checks.register(check_settings)
+    checks.register(check_routing)
     checks.register(check_database_roles, checks.Tags.database)
 
 
@@ -95,23 +99,74 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     return errors
 
 
+def check_routing(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Do the ORM's queries go where ``tenant_context`` sets the tenant?
+
+    ``tenant_context`` sets the tenant on ``TENANCY["APP_DATABASE"]``; a
+    query that Django routes elsewhere runs outside that transaction, where
+    row-level security shows no row and refuses every insert.
+    """
+    try:
+        app_alias = tenancy_settings.APP_DATABASE
+    except ConfigurationError:
+        return []  # reported by check_settings
+    if app_alias not in settings.DATABASES:
+        return []  # tenancy.E003
+    errors: list[checks.CheckMessage] = []
+    own = [m for m in tenant_isolated_models() if m._meta.app_label not in LIBRARY_APPS]
+    for model in own:
+        routed = router.db_for_write(model)
+        if routed != app_alias:
+            errors.append(
+                checks.Error(
+                    f"{model._meta.label} is tenant-isolated, but the ORM writes it to "
+                    f"{routed!r}, while tenant_context sets the tenant on "
+                    f'TENANCY["APP_DATABASE"] = {app_alias!r}: its queries would run '
+                    "outside the tenant's transaction.",
+                    hint='Add "tenancy.routers.AppDatabaseRouter" to DATABASE_ROUTERS, or route '
+                    "the model to the app alias yourself (docs/settings.md).",
+                    obj=model,
+                    id="tenancy.E008",
+                )
+            )
+    if not own and app_alias != "default" and not settings.DATABASE_ROUTERS:
+        errors.append(
+            checks.Warning(
+                f'TENANCY["APP_DATABASE"] is {app_alias!r}, but DATABASE_ROUTERS is empty: '
+                "Django sends every query without using() to 'default', not where "
+                "tenant_context sets the tenant.",
+                hint='Add "tenancy.routers.AppDatabaseRouter" to DATABASE_ROUTERS '
+                "(docs/settings.md).",
+                id="tenancy.W009",
+            )
+        )
+    return errors
+
+
 def check_database_roles(
     app_configs: Any = None, databases: Sequence[str] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
     errors: list[checks.CheckMessage] = []
     tables = tenant_isolated_tables()
+    seen: set[tuple[str, str]] = set()  # a table's finding once, whichever aliases looked
     for alias in databases or ():
         if alias not in settings.DATABASES or not _is_postgresql(alias):
             continue
         try:
             if alias == tenancy_settings.APP_DATABASE:
-                errors.extend(_check_app_alias(alias, tables))
+                found = list(_check_app_alias(alias, tables))
             elif alias == tenancy_settings.SYSTEM_DATABASE:
-                errors.extend(_check_system_alias(alias, tables))
+                found = list(_check_system_alias(alias, tables))
+            else:
+                found = []
         except DatabaseError as exc:
-            errors.append(
+            found = [
                 checks.Error(f"Could not inspect database {alias!r}: {exc}", id="tenancy.E010")
-            )
+            ]
+        for message in found:
+            if (message.id or "", message.msg) not in seen:
+                seen.add((message.id or "", message.msg))
+                errors.append(message)
     return errors
 
 
@@ -153,9 +208,22 @@ def _check_table_rls(fact: Any) -> Iterable[checks.CheckMessage]:
             f"policies on app.tenant_id only (enabled={fact.rls_enabled}, "
             f"forced={fact.rls_forced}, policies={fact.policies}, "
             f"others={fact.other_policies}).",
-            hint="Run the library's migrations; never edit their SQL.",
+            hint=_rls_hint(fact.name),
             id="tenancy.E014",
         )
+
+
+def _rls_hint(table: str) -> str:
+    app_label = next(
+        (m._meta.app_label for m in tenant_isolated_models() if m._meta.db_table == table), ""
+    )
+    if app_label in LIBRARY_APPS:
+        return "Run the library's migrations; never edit their SQL."
+    return (
+        f"Give {table} the policy of docs/roles.md in a migration of the app "
+        f"{app_label!r}: ENABLE and FORCE ROW LEVEL SECURITY, and one policy whose USING and "
+        "WITH CHECK compare tenant_id with app.tenant_id."
+    )
 
 
 def _check_system_alias(alias: str, tables: list[str]) -> Iterable[checks.CheckMessage]:

@@ -8,6 +8,7 @@ from django_idempotency_outbox.conf import (
     AppSettings,
     Setting,
     dotted_path_or_object,
+    http_status,
     optional,
     text,
 )
@@ -24,6 +25,9 @@ class TenancySettings(AppSettings):
     #: Alias of the system role's connection, used for cross-tenant upkeep:
     #: reaping keys, relaying and reaping the outbox.
     SYSTEM_DATABASE = Setting("system", text())
+    #: The status of the problem answer to a request on a tenant-scoped view
+    #: (or an idempotent one) whose resolver names no tenant.
+    STATUS_NO_TENANT = Setting(403, http_status)
 
 
 tenancy_settings = TenancySettings()

@@ -26,6 +26,41 @@ def truncate_all() -> None:
     connections["owner"].close()
 
 
+def app_connection():
+    """Django's connection on the app alias (``TENANCY["APP_DATABASE"]``), whatever its name."""
+    from tenancy.aliases import app_alias
+
+    return connections[app_alias()]
+
+
+def app_atomic():
+    """``transaction.atomic()`` on the app alias."""
+    from django.db import transaction
+
+    from tenancy.aliases import app_alias
+
+    return transaction.atomic(using=app_alias())
+
+
+@contextlib.contextmanager
+def statements(alias: str | None = None) -> Iterator[list[str]]:
+    """The SQL that Django sends on ``alias`` (the app alias) inside the block, in order.
+
+    Installed outermost, it sees every statement as the library issues it,
+    before any wrapper of the library merges statements into one round trip.
+    """
+    from tenancy.aliases import app_alias
+
+    sent: list[str] = []
+
+    def capture(execute, sql, params, many, context):
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connections[app_alias(alias)].execute_wrapper(capture):
+        yield sent
+
+
 def dsn(alias: str = "default") -> str:
     db = settings.DATABASES[alias]
     return (

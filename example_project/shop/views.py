@@ -7,11 +7,10 @@ from rest_framework.decorators import action
 
 from idempotency import IdempotentViewMixin
 from outbox import publish
-from tenancy import tenant_context
-from tenancy.resolver import resolve_tenant
+from tenancy import TenantScopedViewMixin
 
 from .models import Order, Product
-from .payments import CapturePayment
+from .phases import CapturePayment
 from .serializers import OrderSerializer, ProductSerializer
 
 IDEMPOTENCY_KEY = OpenApiParameter(
@@ -35,30 +34,9 @@ IDEMPOTENCY_ERRORS = {
 }
 
 
-class TenantScopedMixin:
-    """Runs safe methods as the user's merchant too, so that RLS shows its rows.
+class ProductViewSet(TenantScopedViewMixin, viewsets.ReadOnlyModelViewSet):
+    """The merchant's products: reads run as the merchant, so RLS shows its rows."""
 
-    (Unsafe methods get their tenant from IdempotentViewMixin.)
-    """
-
-    def initial(self, request, *args, **kwargs):
-        super().initial(request, *args, **kwargs)
-        if request.method not in ("GET", "HEAD", "OPTIONS"):
-            return
-        name = request.method.lower()
-        handler = getattr(self, name, None)
-        tenant = resolve_tenant(request)
-        if handler is None or tenant is None:
-            return
-
-        def scoped(*args, **kwargs):
-            with tenant_context(tenant):
-                return handler(*args, **kwargs)
-
-        setattr(self, name, scoped)
-
-
-class ProductViewSet(TenantScopedMixin, viewsets.ReadOnlyModelViewSet):
     serializer_class = ProductSerializer
 
     def get_queryset(self):
@@ -66,8 +44,7 @@ class ProductViewSet(TenantScopedMixin, viewsets.ReadOnlyModelViewSet):
 
 
 class OrderViewSet(
-    TenantScopedMixin,
-    IdempotentViewMixin,
+    IdempotentViewMixin,  # lists and retrieves run as the merchant too
     mixins.CreateModelMixin,
     mixins.RetrieveModelMixin,
     mixins.ListModelMixin,

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.helpers import count_rows, observer
+from tests.helpers import app_connection, count_rows, observer
 
 
 def orders(where: str = "TRUE") -> int:
@@ -28,7 +28,7 @@ def problem(response) -> dict:
 # --- safe methods and the header ------------------------------------------------
 
 
-def test_safe_methods_are_untouched(client):
+def test_safe_methods_need_no_key(client):
     response = client.get("/orders/", headers={"X-User": "alice"})
     assert response.status_code == 405  # the viewset has no list: DRF answers, not the mixin
     assert "Idempotent-Replayed" not in response
@@ -190,6 +190,39 @@ def test_key_order_and_whitespace_in_json_do_not_matter(client):
     assert again["Idempotent-Replayed"] == "true"
 
 
+@pytest.mark.parametrize("form", ["urlencoded", "multipart"])
+def test_the_same_fields_form_encoded_are_another_request_than_json(client, form):
+    """docs/mixin.md: a form's values are lists of strings, JSON's are typed values."""
+    first = client.order(key="k1", data={"sku": "tea", "quantity": 1})
+    if form == "multipart":
+        response = client.order(key="k1", data={"sku": "tea", "quantity": "1"},
+                                format="multipart")
+    else:
+        response = client.post("/orders/", data="sku=tea&quantity=1",
+                               content_type="application/x-www-form-urlencoded",
+                               headers={"X-User": "alice", "Idempotency-Key": "k1"})
+    assert_mismatch_keeps_original(client, first, response)
+
+
+def test_a_form_encoded_retry_of_a_form_encoded_request_replays(client):
+    def send():
+        return client.post("/orders/", data="quantity=1&sku=tea",
+                           content_type="application/x-www-form-urlencoded",
+                           headers={"X-User": "alice", "Idempotency-Key": "k1"})
+
+    assert send().status_code == 201
+    assert send()["Idempotent-Replayed"] == "true"
+    assert orders() == 1
+
+
+def test_the_422_problem_is_titled_unprocessable_content_on_this_python(client):
+    """RFC 9110's name, which Python's http.HTTPStatus has only from 3.13 on."""
+    client.order(key="k1")
+    response = client.order(key="k1", data={"sku": "coffee", "quantity": 1})
+    assert problem(response)["title"] == "Unprocessable Content"
+    assert response.reason_phrase == "Unprocessable Content"
+
+
 # --- bad bodies and uploads -------------------------------------------------------
 
 
@@ -333,11 +366,9 @@ def test_status_codes_are_settings(client, settings):
 
 @pytest.fixture
 def atomic_requests():
-    from django.db import connection
-
-    connection.settings_dict["ATOMIC_REQUESTS"] = True
+    app_connection().settings_dict["ATOMIC_REQUESTS"] = True
     yield
-    connection.settings_dict["ATOMIC_REQUESTS"] = False
+    app_connection().settings_dict["ATOMIC_REQUESTS"] = False
 
 
 def test_under_atomic_requests_the_contract_holds(client, atomic_requests):

@@ -8,7 +8,8 @@ import pytest
 
 from idempotency import core
 from tenancy import current_tenant_id
-from tests.helpers import as_tenant, connect, count_rows, observer
+from tenancy.aliases import app_alias
+from tests.helpers import app_atomic, app_connection, as_tenant, connect, count_rows, observer
 from tests.testapp.models import Order
 
 
@@ -161,7 +162,7 @@ def test_on_commit_callbacks_of_a_stored_answer_run_once_after_commit():
 
     def handler():
         Order.objects.create(tenant_id=current_tenant_id(), sku="x")
-        transaction.on_commit(lambda: ran.append(count_rows("testapp_order")))
+        transaction.on_commit(lambda: ran.append(count_rows("testapp_order")), using=app_alias())
         return stored(201)
 
     core.execute(request(), handler, lambda r: r)
@@ -174,7 +175,7 @@ def test_on_commit_callbacks_of_a_rolled_back_handler_never_run():
     ran = []
 
     def handler():
-        transaction.on_commit(lambda: ran.append("charged"))
+        transaction.on_commit(lambda: ran.append("charged"), using=app_alias())
         return stored(402)
 
     result = core.execute(request(), handler, lambda r: r)
@@ -184,9 +185,7 @@ def test_on_commit_callbacks_of_a_rolled_back_handler_never_run():
 
 
 def test_inside_an_outer_transaction_everything_commits_with_it():
-    from django.db import transaction
-
-    with transaction.atomic():
+    with app_atomic():
         result = core.execute(request(), lambda: stored(201), lambda r: r)
         assert result.outcome is core.Outcome.EXECUTED
         assert count_rows("idempotency_keys") == 0  # not committed yet
@@ -194,9 +193,7 @@ def test_inside_an_outer_transaction_everything_commits_with_it():
 
 
 def guc() -> str | None:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
+    with app_connection().cursor() as cursor:
         cursor.execute("SELECT current_setting('app.tenant_id', true)")
         return cursor.fetchone()[0]
 
@@ -215,9 +212,7 @@ def test_nested_in_a_tenant_context_the_outer_tenant_is_restored(outcome):
 
 
 def test_inside_a_plain_atomic_block_no_tenant_is_left_behind():
-    from django.db import transaction
-
-    with transaction.atomic():  # what ATOMIC_REQUESTS does around a view
+    with app_atomic():  # what ATOMIC_REQUESTS does around a view
         core.execute(request(), lambda: stored(201), lambda r: r)
         assert guc() == ""
         core.execute(request(), lambda: stored(201), lambda r: r)  # the replay path
@@ -234,9 +229,8 @@ def test_a_handler_error_at_the_merged_commit_is_not_taken_for_a_lost_race():
     def handler():
         calls.append(1)
         Order.objects.create(tenant_id=current_tenant_id(), sku="x")
-        from django.db import connection
 
-        with connection.cursor() as cursor:
+        with app_connection().cursor() as cursor:
             cursor.execute("CREATE TEMP TABLE deferred_check (v int UNIQUE DEFERRABLE INITIALLY "
                            "DEFERRED) ON COMMIT DROP")
             cursor.execute("INSERT INTO deferred_check VALUES (1), (1)")

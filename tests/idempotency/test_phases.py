@@ -14,7 +14,7 @@ import requests
 
 from idempotency import phases
 from idempotency.core import IdempotentRequest, Outcome
-from tests.helpers import count_rows, observer
+from tests.helpers import app_atomic, count_rows, observer
 from tests.testapp.payments import CapturePayment
 
 BOUNDARIES = ["after_key_insert", "in_local_phase", "after_local_phase", "after_gateway",
@@ -222,9 +222,7 @@ def test_foreign_keys_are_stable_across_retries_and_unique_per_request(client, g
 
 
 def test_phases_refuse_to_run_inside_an_atomic_block(gateway):
-    from django.db import transaction
-
-    with pytest.raises(RuntimeError, match="non_atomic_requests"), transaction.atomic():
+    with pytest.raises(RuntimeError, match="non_atomic_requests"), app_atomic():
         run_program()
 
 

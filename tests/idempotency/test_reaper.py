@@ -10,6 +10,7 @@ from django.core.management import CommandError, call_command
 from django.db import connections
 
 from idempotency.reaper import REAP_LOCK_ID, ReaperRefused, reap_expired_keys
+from tenancy.aliases import app_alias, system_alias
 from tests.helpers import count_rows, observer
 
 
@@ -64,7 +65,7 @@ def test_a_dry_run_counts_and_deletes_nothing():
 def test_it_refuses_an_alias_confined_by_rls():
     make_keys(1, expired=3, live=0)
     with pytest.raises(ReaperRefused, match="row-level security"):
-        reap_expired_keys(using="default")
+        reap_expired_keys(using=app_alias())
     assert count_rows("idempotency_keys") == 3
 
 
@@ -138,7 +139,7 @@ def test_the_command_dry_run_and_verbose_progress():
 
 def test_the_command_fails_clearly_on_the_app_alias():
     with pytest.raises(CommandError, match="row-level security"):
-        call_command("reap_idempotency_keys", "--database", "default")
+        call_command("reap_idempotency_keys", "--database", app_alias())
 
 
 def test_the_command_rejects_a_bad_batch_size():
@@ -167,9 +168,9 @@ def test_the_reaper_pauses_between_batches_and_commits_them_asynchronously(monke
         statements.append(sql)
         return execute(sql, params, many, context)
 
-    with connections["system"].execute_wrapper(capture):
+    with connections[system_alias()].execute_wrapper(capture):
         report = reap_expired_keys(batch_size=4, pause=0.25)
-        with connections["system"].cursor() as cursor:
+        with connections[system_alias()].cursor() as cursor:
             cursor.execute("SHOW synchronous_commit")
             session_value = cursor.fetchone()[0]
     assert report.batches == 3

@@ -12,11 +12,11 @@ import re
 from datetime import timedelta
 
 import pytest
-from django.db import connection
 
 from idempotency import core, store
 from tenancy import tenant_context
-from tests.helpers import count_rows, observer
+from tenancy.aliases import app_alias
+from tests.helpers import app_connection, count_rows, observer
 
 PARAMS = {
     "tenant_id": 1, "scope": "s", "key": "k", "lock_id": 7, "fingerprint": "f" * 64,
@@ -43,13 +43,13 @@ def finished(ttl=timedelta(hours=1)):
     """A finished key, stored as a request stores it (a negative ``ttl``: expired)."""
     answer = core.StoredResponse(201, b"body", (("Content-Type", "application/json"),))
     with tenant_context(1):
-        assert store.insert_finished("default", request(), answer, "completed", ttl, commit=False)
+        assert store.insert_finished(app_alias(), request(), answer, "completed", ttl, commit=False)
 
 
 def pending(token=3, lease=timedelta(minutes=1)):
     """A pending key (phases mode) owned by the run with ``token``."""
     with tenant_context(1):
-        store.claim("default", request(), recovery_point="started", request_data={},
+        store.claim(app_alias(), request(), recovery_point="started", request_data={},
                     lease=lease, ttl=timedelta(hours=1))
     with observer() as o:
         o.execute("UPDATE idempotency_keys SET lease_token = %s", [token])
@@ -63,7 +63,7 @@ def test_the_store_has_its_statements():
 def test_every_statement_is_valid_against_the_table(name):
     sql = getattr(store, name)
     params = [1, 1] if "%s" in sql else PARAMS
-    with tenant_context(1), connection.cursor() as cursor:
+    with tenant_context(1), app_connection().cursor() as cursor:
         cursor.execute("EXPLAIN " + sql, params)  # planned, not run: names and types checked
 
 
@@ -73,7 +73,7 @@ def test_every_statement_is_valid_against_the_table(name):
      ("_CLAIM", store.Claim), ("_TAKE_OVER", store.Claim)],
 )
 def test_a_row_types_fields_are_its_statements_columns(name, row_type):
-    with tenant_context(1), connection.cursor() as cursor:
+    with tenant_context(1), app_connection().cursor() as cursor:
         cursor.execute(getattr(store, name), PARAMS)
         names = [column.name for column in cursor.description]
     assert names == [field.name for field in dataclasses.fields(row_type)]
@@ -81,17 +81,17 @@ def test_a_row_types_fields_are_its_statements_columns(name, row_type):
 
 def test_a_lookup_tells_no_row_from_an_expired_row_from_a_live_one():
     with tenant_context(1):
-        nothing = store.lookup("default", request(), lock=True)
+        nothing = store.lookup(app_alias(), request(), lock=True)
     assert (nothing.exists, nothing.live, nothing.locked) == (False, None, True)
     assert nothing.state is None
     finished(ttl=timedelta(seconds=-1))
     with tenant_context(1):
-        expired = store.lookup("default", request(), lock=True)
+        expired = store.lookup(app_alias(), request(), lock=True)
     assert (expired.exists, expired.live, expired.locked) == (True, False, True)
     with observer() as o:
         o.execute("UPDATE idempotency_keys SET expires_at = now() + interval '1 hour'")
     with tenant_context(1):
-        live = store.lookup("default", request(), lock=True)
+        live = store.lookup(app_alias(), request(), lock=True)
     assert isinstance(live, store.KeyLookup) and not isinstance(live, tuple)
     assert (live.live, live.locked, live.status_code) == (True, None, 201)
     assert live.fingerprint == "f" * 64
@@ -102,30 +102,30 @@ def test_a_lookup_tells_no_row_from_an_expired_row_from_a_live_one():
 def test_a_pending_key_is_leased_while_its_lock_runs():
     pending(token=3)
     with tenant_context(1):
-        found = store.lookup("default", request())
+        found = store.lookup(app_alias(), request())
     assert (found.live, found.leased, found.lease_token, found.locked) == (True, True, 3, None)
 
 
 def test_the_lease_release_and_forget_are_compare_and_set_on_the_token():
     pending(token=3)
     with tenant_context(1):
-        store.release("default", request(), token=2)  # a stale owner: nothing happens
-        assert store.lookup("default", request()).leased
-        store.release("default", request(), token=3)
-        assert not store.lookup("default", request()).leased
-        store.forget("default", request(), token=2, recovery_point="started")
+        store.release(app_alias(), request(), token=2)  # a stale owner: nothing happens
+        assert store.lookup(app_alias(), request()).leased
+        store.release(app_alias(), request(), token=3)
+        assert not store.lookup(app_alias(), request()).leased
+        store.forget(app_alias(), request(), token=2, recovery_point="started")
     assert count_rows("idempotency_keys") == 1
     with tenant_context(1):
-        store.forget("default", request(), token=3, recovery_point="started")
+        store.forget(app_alias(), request(), token=3, recovery_point="started")
     assert count_rows("idempotency_keys") == 0
 
 
 def test_a_claim_returns_a_typed_claim_and_a_duplicate_gets_none():
     with tenant_context(1):
-        first = store.claim("default", request(), recovery_point="started",
+        first = store.claim(app_alias(), request(), recovery_point="started",
                             request_data={"data": 1}, lease=timedelta(seconds=30),
                             ttl=timedelta(hours=1))
-        again = store.claim("default", request(), recovery_point="started",
+        again = store.claim(app_alias(), request(), recovery_point="started",
                             request_data={}, lease=timedelta(seconds=30), ttl=timedelta(hours=1))
     assert isinstance(first, store.Claim)
     assert (first.token, first.recovery_point, first.phase_state) == (1, "started", {})

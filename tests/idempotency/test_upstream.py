@@ -29,13 +29,14 @@ from typing import Any
 
 import psycopg
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connections, transaction
 from django.db.backends.signals import connection_created
 from psycopg import pq
 
 from idempotency import core, store
 from tenancy import current_tenant_id, tenant_context
-from tests.helpers import as_tenant, connect, count_rows, observer
+from tenancy.aliases import app_alias
+from tests.helpers import app_atomic, app_connection, as_tenant, connect, count_rows, observer
 from tests.testapp.models import Order
 
 HELD = core._Coalesce.HELD
@@ -87,18 +88,18 @@ def wire() -> Iterator[Wire]:
     thread = threading.get_ident()
 
     def on_connect(sender: Any, connection: Any, **kwargs: Any) -> None:
-        if connection.alias == "default" and threading.get_ident() == thread:
+        if connection.alias == app_connection().alias and threading.get_ident() == thread:
             traced.attach(connection.connection.pgconn)
 
-    if connection.connection is not None:
-        traced.attach(connection.connection.pgconn)
+    if app_connection().connection is not None:
+        traced.attach(app_connection().connection.pgconn)
     connection_created.connect(on_connect)
     try:
         yield traced
     finally:
         connection_created.disconnect(on_connect)
-        if connection.connection is not None and not connection.connection.closed:
-            connection.connection.pgconn.untrace()
+        if app_connection().connection is not None and not app_connection().connection.closed:
+            app_connection().connection.pgconn.untrace()
 
 
 def alone(statement: str) -> bool:
@@ -117,15 +118,15 @@ def stored(status: int = 201, body: bytes = b"{}") -> core.StoredResponse:
 
 
 def idle() -> bool:
-    return connection.connection.info.transaction_status is pq.TransactionStatus.IDLE
+    return app_connection().connection.info.transaction_status is pq.TransactionStatus.IDLE
 
 
 # --- Django's statements, recognised by their text --------------------------------------
 
 
 def test_djangos_savepoint_sql_starts_with_the_prefixes_coalesce_holds():
-    create = connection.ops.savepoint_create_sql("s1_x1")
-    release = connection.ops.savepoint_commit_sql("s1_x1")
+    create = app_connection().ops.savepoint_create_sql("s1_x1")
+    release = app_connection().ops.savepoint_commit_sql("s1_x1")
     assert create.startswith("SAVEPOINT ") and "SAVEPOINT " in HELD, create
     assert release.startswith("RELEASE SAVEPOINT ") and "RELEASE SAVEPOINT " in HELD, release
 
@@ -139,7 +140,7 @@ def test_atomic_and_tenant_context_send_exactly_the_statements_coalesce_holds():
         calls.append((sql, params, many))
         return execute(sql, params, many, context)
 
-    with connection.execute_wrapper(capture), tenant_context(1), transaction.atomic():
+    with app_connection().execute_wrapper(capture), tenant_context(1), app_atomic():
         pass
     statements = [sql for sql, _, _ in calls]
     assert [s.split('"')[0] for s in statements] == [
@@ -157,7 +158,7 @@ def test_a_new_key_is_one_round_trip_for_the_lookup_and_one_for_the_store():
         Order.objects.create(tenant_id=current_tenant_id(), sku="tea")
         return stored()
 
-    connection.ensure_connection()
+    app_connection().ensure_connection()
     with wire() as traced:
         result = core.execute(request(), handler, lambda r: r)
     assert result.outcome is core.Outcome.EXECUTED
@@ -175,7 +176,7 @@ def test_a_new_key_is_one_round_trip_for_the_lookup_and_one_for_the_store():
 
 def test_a_replay_is_one_indexed_read():
     core.execute(request(), stored, lambda r: r)
-    connection.ensure_connection()
+    app_connection().ensure_connection()
     with wire() as traced:
         result = core.execute(request(), stored, lambda r: r)
     assert result.outcome is core.Outcome.REPLAYED
@@ -219,18 +220,19 @@ def test_after_a_new_key_the_transaction_is_committed_and_on_commit_ran_once():
         Order.objects.create(tenant_id=current_tenant_id(), sku="tea")
         # Counted from a second connection: the callback runs after the real commit.
         transaction.on_commit(
-            lambda: ran.append((count_rows("testapp_order"), count_rows("idempotency_keys")))
+            lambda: ran.append((count_rows("testapp_order"), count_rows("idempotency_keys"))),
+            using=app_alias(),
         )
         return stored()
 
-    connection.ensure_connection()
+    app_connection().ensure_connection()
     with wire() as traced:
         result = core.execute(request(), handler, lambda r: r)
     assert result.outcome is core.Outcome.EXECUTED
     assert traced.round_trips()[-1].endswith("; COMMIT")  # the merged commit was the one
     assert ran == [(1, 1)]
     assert count_rows("testapp_order") == 1 and count_rows("idempotency_keys") == 1
-    assert idle() and not connection.in_atomic_block
+    assert idle() and not app_connection().in_atomic_block
 
 
 def store_as_racer() -> None:
@@ -238,7 +240,7 @@ def store_as_racer() -> None:
     try:
         with tenant_context(1):
             assert store.insert_finished(
-                "default", request(), stored(body=b"racer"), "completed", timedelta(hours=1),
+                app_alias(), request(), stored(body=b"racer"), "completed", timedelta(hours=1),
                 commit=False,
             )
     finally:
@@ -252,14 +254,14 @@ def test_when_the_merged_insert_fails_nothing_of_the_handlers_writes_is_committe
     def handler() -> core.StoredResponse:
         attempts.append(1)
         Order.objects.create(tenant_id=current_tenant_id(), sku="ours")
-        transaction.on_commit(lambda: ran.append("ours"))
+        transaction.on_commit(lambda: ran.append("ours"), using=app_alias())
         # A racer commits the same key between our lookup and our store.
         racer = threading.Thread(target=store_as_racer)
         racer.start()
         racer.join(10)
         return stored(body=b"ours")
 
-    connection.ensure_connection()
+    app_connection().ensure_connection()
     with wire() as traced:
         result = core.execute(request(), handler, lambda r: r)
     sent = traced.round_trips()
@@ -271,7 +273,7 @@ def test_when_the_merged_insert_fails_nothing_of_the_handlers_writes_is_committe
     assert count_rows("testapp_order") == 0
     with observer() as o:
         assert o.execute("SELECT response FROM idempotency_keys").fetchone()[0] == b"racer"
-    assert idle() and not connection.in_atomic_block
+    assert idle() and not app_connection().in_atomic_block
 
 
 def test_the_unique_violation_is_recognised_by_the_constraint_psycopg_reports():

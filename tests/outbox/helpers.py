@@ -16,12 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from django.db import transaction
 
 from outbox import publish
 from outbox.consumers import Consumer, ensure_offsets, run_batch
 from tenancy import tenant_context
-from tests.helpers import observer
+from tests.helpers import app_atomic, observer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,7 +32,7 @@ PATIENCE = 60.0
 
 def publish_as(tenant_id: int, topic: str, payload: dict[str, Any], **kwargs: Any) -> uuid.UUID:
     """Publish one message in its own transaction, as the app would."""
-    with tenant_context(tenant_id), transaction.atomic():
+    with tenant_context(tenant_id), app_atomic():
         return publish(topic, payload, **kwargs)
 
 

@@ -13,6 +13,7 @@ from django.db import connections
 
 from outbox.relay import Relay
 from outbox.testing import InMemoryTransport
+from tenancy.aliases import system_alias
 from tests.helpers import two_connections
 from tests.outbox.consumers import OrderRecorder
 from tests.outbox.helpers import drain, effects, raw_publish
@@ -28,7 +29,7 @@ class IdReader:
         self.seen: list[int] = []
 
     def poll(self) -> None:
-        with connections["system"].cursor() as cursor:
+        with connections[system_alias()].cursor() as cursor:
             cursor.execute(
                 "SELECT id FROM outbox_messages WHERE id > %s ORDER BY id LIMIT 100",
                 [self.last_processed_id],

@@ -11,13 +11,20 @@ import uuid
 
 import psycopg
 import pytest
-from django.db import connection, transaction
 
 from outbox import publish
 from outbox.models import OutboxMessage
 from outbox.publishing import NoTenant, NotInTransaction, wake_up
 from tenancy import tenant_context
-from tests.helpers import as_tenant, connect, count_rows, observer, raises_rls_violation
+from tests.helpers import (
+    app_atomic,
+    app_connection,
+    as_tenant,
+    connect,
+    count_rows,
+    observer,
+    raises_rls_violation,
+)
 from tests.outbox.helpers import ROOT, publish_as, raw_publish
 from tests.testapp.models import Order
 
@@ -31,7 +38,7 @@ def test_publish_outside_a_transaction_raises_and_writes_nothing():
 
 
 def test_publish_without_a_tenant_raises():
-    with pytest.raises(NoTenant, match="tenant_context"), transaction.atomic():
+    with pytest.raises(NoTenant, match="tenant_context"), app_atomic():
         publish("order.placed", {"sku": "x"})
     assert count_rows("outbox_messages") == 0
 
@@ -50,7 +57,7 @@ def test_the_message_commits_with_the_change_it_announces():
             key=f"order:{order.pk}", aggregate_type="order", aggregate_id=order.pk,
             headers={"trace": "t-1"},
         )
-        with connection.cursor() as cursor:
+        with app_connection().cursor() as cursor:
             cursor.execute("SELECT pg_current_xact_id()::text::bigint")
             xid = cursor.fetchone()[0]
     with tenant_context(A):
@@ -77,7 +84,7 @@ def test_a_rolled_back_savepoint_takes_its_message_with_it():
     with tenant_context(A):
         kept = publish("order.placed", {"sku": "kept"})
         try:
-            with transaction.atomic():
+            with app_atomic():
                 publish("order.placed", {"sku": "dropped"})
                 raise RuntimeError
         except RuntimeError:
@@ -96,7 +103,7 @@ def test_commit_wakes_the_relay_once_and_rollback_does_not():
     with tenant_context(A):
         publish("order.placed", {})
         publish("order.placed", {})
-        hooks = [h for h in connection.run_on_commit if h[1].__name__ == "_kick"]
+        hooks = [h for h in app_connection().run_on_commit if h[1].__name__ == "_kick"]
         assert len(hooks) == 1
         assert not wake_up.is_set()
     assert wake_up.is_set()
@@ -124,7 +131,7 @@ def test_a_tenant_never_sees_another_tenants_messages():
     with connect() as conn, as_tenant(conn, B) as cursor:
         cursor.execute("SELECT tenant_id FROM outbox_messages")
         assert cursor.fetchall() == [(B,)]
-    with transaction.atomic():
+    with app_atomic():
         assert OutboxMessage.objects.count() == 0  # no tenant: nothing
 
 

@@ -15,6 +15,7 @@ from outbox.stream import Message
 from outbox.testing import InMemoryTransport, relay_pending
 from outbox.transports import CeleryTransport, LoggingTransport, get_transport
 from tenancy import current_tenant_id
+from tenancy.aliases import app_alias
 from tests.helpers import count_rows, observer
 from tests.outbox.helpers import effects, offset, publish_as, publish_many, wait_for
 from tests.testapp.models import Order
@@ -123,7 +124,7 @@ def test_celery_transport_needs_a_task_for_every_topic(settings):
 
 
 def test_relay_refuses_a_reader_under_row_level_security(settings):
-    settings.TENANCY = {**settings.TENANCY, "SYSTEM_DATABASE": "default"}
+    settings.TENANCY = {**settings.TENANCY, "SYSTEM_DATABASE": app_alias()}
     with pytest.raises(ImproperlyConfigured, match="row-level security"):
         Relay(InMemoryTransport(), name="test").drain()
 

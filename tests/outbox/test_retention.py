@@ -9,6 +9,7 @@ from django.core.management.base import CommandError
 from outbox.relay import Relay
 from outbox.retention import reap
 from outbox.testing import InMemoryTransport
+from tenancy.aliases import app_alias
 from tests.helpers import count_rows, observer
 from tests.outbox.consumers import OrderRecorder, PartitionedRecorder, SlowRecorder
 from tests.outbox.helpers import drain, effects, publish_many, wait_for
@@ -105,7 +106,7 @@ def test_old_receiver_records_are_forgotten(settings):
 
 
 def test_reap_outbox_refuses_an_alias_under_row_level_security(settings):
-    settings.TENANCY = {**settings.TENANCY, "SYSTEM_DATABASE": "default"}
+    settings.TENANCY = {**settings.TENANCY, "SYSTEM_DATABASE": app_alias()}
     with pytest.raises(CommandError, match="row-level security"):
         call_command("reap_outbox")
 

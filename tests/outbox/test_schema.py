@@ -6,9 +6,8 @@ import re
 from importlib import resources
 from pathlib import Path
 
-from django.db import connection
-
 from outbox.models import OutboxMessage
+from tests.helpers import app_connection
 
 
 def test_every_sql_file_is_used_by_exactly_one_migration():
@@ -20,7 +19,7 @@ def test_every_sql_file_is_used_by_exactly_one_migration():
 
 
 def test_tenant_id_leads_every_index_but_the_documented_delivery_index():
-    with connection.cursor() as cursor:
+    with app_connection().cursor() as cursor:
         cursor.execute(
             "SELECT indexrelid::regclass::text, indisunique,"
             " (SELECT attname FROM pg_attribute WHERE attrelid = indrelid AND attnum = indkey[0])"
@@ -34,4 +33,4 @@ def test_tenant_id_leads_every_index_but_the_documented_delivery_index():
 
 
 def test_the_model_reads_xid8():
-    assert OutboxMessage._meta.get_field("xid").db_type(connection) == "xid8"
+    assert OutboxMessage._meta.get_field("xid").db_type(app_connection()) == "xid8"

@@ -6,6 +6,7 @@ import pytest
 from django.core.management import call_command
 
 from outbox.status import status
+from tenancy.aliases import system_alias
 from tests.helpers import connect, observer
 from tests.outbox.consumers import OrderRecorder
 from tests.outbox.helpers import drain, effects, publish_many, raw_publish
@@ -16,7 +17,7 @@ A = 1
 @pytest.fixture
 def system_reads_all_stats(settings):
     """The system role as docs/outbox.md provisions it: member of pg_read_all_stats."""
-    role = settings.DATABASES["system"]["USER"]
+    role = settings.DATABASES[system_alias()]["USER"]
     with observer() as conn:
         conn.execute(f"GRANT pg_read_all_stats TO {role}")
     yield
@@ -64,3 +65,15 @@ def test_status_counts_parked_messages(settings, capsys):
     assert status().parked == {"orders": 1}
     call_command("outbox_status")
     assert "parked: 1 (orders: 1)" in capsys.readouterr().out
+
+
+def test_status_says_so_when_every_reader_is_up_to_date(capsys):
+    call_command("outbox_status")  # no reader has run yet
+    assert "not passed by every reader" not in capsys.readouterr().out
+    publish_many(A, "order.placed", [{"sku": "a"}])
+    drain(OrderRecorder(), until=lambda: len(effects()) == 1)
+    assert status().oldest_unpassed_age is None
+    call_command("outbox_status")
+    out = capsys.readouterr().out
+    assert "oldest message not passed by every reader: none, every reader is up to date" in out
+    assert "- old" not in out

@@ -35,19 +35,21 @@ from typing import Any
 import pytest
 from celery import Celery
 from django.conf import settings as django_settings
-from django.db import connection, transaction
+from django.db import transaction
 from kombu import Queue
 
 from outbox import publish
 from outbox.publishing import _kick, wake_up
 from tenancy import tenant_context
+from tenancy.aliases import app_alias
+from tests.helpers import app_atomic, app_connection
 
 A = 1
 
 
 def pending_hooks() -> list[Any]:
     """The callables Django will run when the current transaction commits."""
-    entries = connection.run_on_commit
+    entries = app_connection().run_on_commit
     assert isinstance(entries, list), type(entries)
     for entry in entries:
         assert isinstance(entry, tuple) and callable(entry[1]), entry
@@ -63,20 +65,20 @@ def second() -> None:
 
 
 def test_django_keeps_pending_on_commit_hooks_as_tuples_with_the_callable_second():
-    with transaction.atomic():
-        transaction.on_commit(first)
+    with app_atomic():
+        transaction.on_commit(first, using=app_alias())
         assert pending_hooks() == [first]
-        with transaction.atomic():  # a savepoint that is released keeps its hooks
-            transaction.on_commit(second)
+        with app_atomic():  # a savepoint that is released keeps its hooks
+            transaction.on_commit(second, using=app_alias())
         assert pending_hooks() == [first, second]
-    assert connection.run_on_commit == []
+    assert app_connection().run_on_commit == []
 
 
 def test_django_drops_the_hooks_of_a_rolled_back_savepoint():
-    with transaction.atomic():
-        transaction.on_commit(first)
-        with pytest.raises(RuntimeError), transaction.atomic():
-            transaction.on_commit(second)
+    with app_atomic():
+        transaction.on_commit(first, using=app_alias())
+        with pytest.raises(RuntimeError), app_atomic():
+            transaction.on_commit(second, using=app_alias())
             raise RuntimeError
         assert pending_hooks() == [first]
 
@@ -85,7 +87,7 @@ def test_a_publish_after_a_rolled_back_savepoint_still_wakes_the_relay():
     """The failure the scan would cause if Django kept a dropped hook around."""
     wake_up.clear()
     with tenant_context(A):
-        with pytest.raises(RuntimeError), transaction.atomic():
+        with pytest.raises(RuntimeError), app_atomic():
             publish("order.placed", {"sku": "dropped"})
             assert pending_hooks().count(_kick) == 1
             raise RuntimeError
@@ -99,7 +101,7 @@ def test_a_publish_after_a_rolled_back_savepoint_still_wakes_the_relay():
 def test_a_transaction_whose_only_publish_was_rolled_back_wakes_nobody():
     wake_up.clear()
     with tenant_context(A):
-        with pytest.raises(RuntimeError), transaction.atomic():
+        with pytest.raises(RuntimeError), app_atomic():
             publish("order.placed", {"sku": "dropped"})
             raise RuntimeError
     assert not wake_up.is_set()

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from django.db import connection, transaction
 
 from tenancy import GUC, current_tenant_id, tenant_context, validate_tenant_id
+from tests.helpers import app_atomic, app_connection
 
 
 def guc() -> str | None:
-    with connection.cursor() as cursor:
+    with app_connection().cursor() as cursor:
         cursor.execute("SELECT current_setting(%s, true)", [GUC])
         return cursor.fetchone()[0]
 
@@ -29,13 +29,13 @@ def test_tenant_ids_must_fit_bigint(bad):
 def test_a_bad_id_is_refused_before_any_transaction_starts():
     with pytest.raises(TypeError), tenant_context("1; DROP TABLE x"):  # type: ignore[arg-type]
         pass
-    assert not connection.in_atomic_block
+    assert not app_connection().in_atomic_block
 
 
 def test_the_context_is_a_transaction_with_the_setting_local_to_it():
-    assert not connection.in_atomic_block
+    assert not app_connection().in_atomic_block
     with tenant_context(7):
-        assert connection.in_atomic_block
+        assert app_connection().in_atomic_block
         assert guc() == "7"
         assert current_tenant_id() == 7
     assert current_tenant_id() is None
@@ -43,7 +43,7 @@ def test_the_context_is_a_transaction_with_the_setting_local_to_it():
 
 
 def test_nesting_restores_the_outer_value_and_then_nothing():
-    with transaction.atomic():
+    with app_atomic():
         with tenant_context(1):
             with tenant_context(2):
                 assert guc() == "2"

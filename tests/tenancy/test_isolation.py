@@ -8,11 +8,11 @@ requires every test to fail.
 from __future__ import annotations
 
 import pytest
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError
 
 from idempotency.models import IdempotencyKey
 from tenancy import tenant_context
-from tests.helpers import as_tenant, connect, raises_rls_violation
+from tests.helpers import app_atomic, app_connection, as_tenant, connect, raises_rls_violation
 from tests.testapp.models import Order
 
 A, B = 1, 2
@@ -37,7 +37,7 @@ def insert_key(cursor, tenant_id: int, key: str = "k") -> None:
 
 
 def test_without_a_tenant_reads_see_nothing_orm(orders):
-    with transaction.atomic():
+    with app_atomic():
         assert Order.objects.count() == 0
         assert IdempotencyKey.objects.count() == 0
 
@@ -53,7 +53,7 @@ def test_without_a_tenant_inserts_are_rejected():
 
 
 def test_without_a_tenant_orm_inserts_are_rejected():
-    with pytest.raises(Exception, match="row-level security"), transaction.atomic():
+    with pytest.raises(Exception, match="row-level security"), app_atomic():
         Order.objects.create(tenant_id=A, sku="x")
 
 
@@ -125,9 +125,9 @@ def test_the_tenant_does_not_leak_to_the_next_transaction_on_the_connection(orde
     with tenant_context(A):
         assert Order.objects.count() == 1
     # Same Django connection, next transaction: fail closed again.
-    with transaction.atomic():
+    with app_atomic():
         assert Order.objects.count() == 0
-    with connection.cursor() as cursor:  # autocommit statement
+    with app_connection().cursor() as cursor:  # autocommit statement
         cursor.execute("SELECT count(*) FROM testapp_order")
         assert cursor.fetchone()[0] == 0
 
@@ -140,7 +140,7 @@ def test_leaving_a_nested_context_restores_the_outer_tenant(orders):
 
 
 def test_a_nested_context_inside_a_plain_atomic_block_restores_no_tenant(orders):
-    with transaction.atomic():
+    with app_atomic():
         with tenant_context(B):
             assert Order.objects.count() == 1
         assert Order.objects.count() == 0
@@ -149,6 +149,6 @@ def test_a_nested_context_inside_a_plain_atomic_block_restores_no_tenant(orders)
 def test_a_nested_context_that_fails_restores_the_outer_tenant(orders):
     with tenant_context(A):
         with pytest.raises(DatabaseError), tenant_context(B):
-            with connection.cursor() as cursor:
+            with app_connection().cursor() as cursor:
                 cursor.execute("SELECT 1/0")
         assert list(Order.objects.values_list("sku", flat=True)) == ["a-1"]

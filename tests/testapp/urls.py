@@ -4,6 +4,8 @@ from django.urls import path
 from tests.testapp import views
 
 create = {"post": "create"}
+collection = {"get": "list", "post": "create"}
+item = {"get": "retrieve"}
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -19,4 +21,14 @@ urlpatterns = [
     path("tenant-orders/", views.TenantOrderViewSet.as_view(create)),
     path("django-orders/", views.plain_django_create),
     path("payments/<str:order>/capture/", views.CaptureView.as_view()),
+    path("scoped-orders/", views.ScopedOrderViewSet.as_view(collection)),
+    path("scoped-orders/<int:pk>/", views.ScopedOrderViewSet.as_view(item)),
+    path("order-book/", views.IdempotentOrderBookViewSet.as_view(collection)),
+    path("order-book/<int:pk>/", views.IdempotentOrderBookViewSet.as_view(item)),
+    path("lazy-skus/", views.LazySkusView.as_view()),
+    path("unscoped-status/", views.UnscopedStatusView.as_view()),
+    path("django-scoped-orders/", views.plain_scoped_orders),
+    path("header-tenant-orders/", views.TenantFromHeaderViewSet.as_view(collection)),
+    path("opted-out-order-book/", views.OptedOutOrderBookViewSet.as_view(collection)),
+    path("streamed-skus/", views.StreamedSkusView.as_view()),
 ]

@@ -3,15 +3,15 @@
 import hashlib
 import time
 
-from django.http import JsonResponse
+from django.http import JsonResponse, StreamingHttpResponse
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.exceptions import APIException, PermissionDenied
-from rest_framework.parsers import JSONParser, MultiPartParser
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from idempotency import IdempotentViewMixin, idempotent
-from tenancy import current_tenant_id, tenant_context
+from tenancy import TenantScopedViewMixin, current_tenant_id, tenant_context, tenant_scoped
 from tenancy.resolver import resolve_tenant
 from tests.testapp.models import Order, PlainOrder
 from tests.testapp.payments import CapturePayment
@@ -53,7 +53,7 @@ class OrderSerializer(serializers.ModelSerializer):
 
 class OrderCreate(mixins.CreateModelMixin, viewsets.GenericViewSet):
     serializer_class = OrderSerializer
-    parser_classes = [JSONParser, MultiPartParser]
+    parser_classes = [JSONParser, FormParser, MultiPartParser]
 
     def get_queryset(self):
         return Order.objects.all()
@@ -158,6 +158,9 @@ class PlainOrderViewSet(mixins.CreateModelMixin, viewsets.GenericViewSet):
 def plain_django_create(request):
     import json
 
+    if request.method == "GET":  # a safe method: no key, but the tenant's rows
+        skus = Order.objects.order_by("id").values_list("sku", flat=True)
+        return JsonResponse({"skus": list(skus)})
     data = json.loads(request.body)
     order = Order.objects.create(tenant_id=current_tenant_id(), sku=data["sku"])
     if data.get("then") == "raise":
@@ -172,3 +175,70 @@ class CaptureView(IdempotentViewMixin, APIView):
 
     def post(self, request, order):
         raise AssertionError("phases views run their program, not this method")
+
+
+# --- tenant-scoped reads (tenancy.TenantScopedViewMixin, tenancy.tenant_scoped) -------
+
+
+class ScopedOrderViewSet(
+    TenantScopedViewMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, OrderCreate
+):
+    """List, retrieve and create as the request's tenant, without idempotency keys."""
+
+    def get_queryset(self):
+        return Order.objects.order_by("id")
+
+
+class IdempotentOrderBookViewSet(
+    IdempotentViewMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, OrderCreate
+):
+    """An idempotent create whose list and retrieve run as the tenant too."""
+
+    idempotency_scope = "order.book"
+
+    def get_queryset(self):
+        return Order.objects.order_by("id")
+
+
+class LazySkusView(TenantScopedViewMixin, APIView):
+    """Answers a queryset that DRF's JSON encoder evaluates only while rendering."""
+
+    def get(self, request):
+        return Response({"skus": Order.objects.order_by("id").values_list("sku", flat=True)})
+
+
+class UnscopedStatusView(TenantScopedViewMixin, APIView):
+    """Opted out: runs with no tenant, whoever asks."""
+
+    tenant_scoped = False
+
+    def get(self, request):
+        return Response({"tenant": current_tenant_id(), "visible_orders": Order.objects.count()})
+
+
+@tenant_scoped
+def plain_scoped_orders(request):
+    return JsonResponse({"skus": list(Order.objects.order_by("id").values_list("sku", flat=True))})
+
+
+class TenantFromHeaderViewSet(ScopedOrderViewSet):
+    """get_tenant() overridden: the tenant named by a header (for a test only)."""
+
+    def get_tenant(self):
+        return int(self.request.headers["X-Tenant"])
+
+
+class OptedOutOrderBookViewSet(IdempotentOrderBookViewSet):
+    """An idempotent view whose safe methods opted out of the tenant."""
+
+    tenant_scoped = False
+
+
+class StreamedSkusView(TenantScopedViewMixin, APIView):
+    """Streams after the view returned: the iterator runs with no tenant."""
+
+    def get(self, request):
+        def skus():
+            yield ",".join(Order.objects.order_by("id").values_list("sku", flat=True))
+
+        return StreamingHttpResponse(skus())

@@ -36,7 +36,10 @@ class Command(BaseCommand):
             raise CommandError(f"could not read the outbox: {exc}".splitlines()[0]) from exc
         out = self.stdout.write
         out(f"messages: {s.messages}   fence (oldest running xid): {s.fence}")
-        out(f"oldest message not passed by every reader: {_age(s.oldest_unpassed_age)} old")
+        if s.oldest_unpassed_age is not None:
+            out(f"oldest message not passed by every reader: {_age(s.oldest_unpassed_age)} old")
+        elif s.readers:
+            out("oldest message not passed by every reader: none, every reader is up to date")
         if s.readers:
             out(f"{'reader':<32} {'part':>6} {'behind':>8} {'last run':>9}  error")
             for r in s.readers:

@@ -8,6 +8,8 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand
 from django.db import connections
 
+from tenancy.aliases import app_alias, system_alias
+
 GRANTS = Path(__file__).resolve().parents[2] / "sql" / "grants.sql"
 
 
@@ -28,8 +30,8 @@ class Command(BaseCommand):
         with connections["owner"].cursor() as cursor:
             cursor.execute(
                 GRANTS.read_text().format(
-                    app=settings.DATABASES["default"]["USER"],
-                    system=settings.DATABASES["system"]["USER"],
+                    app=settings.DATABASES[app_alias()]["USER"],
+                    system=settings.DATABASES[system_alias()]["USER"],
                 )
             )
         self.stdout.write(f"database {name}: migrated as {owner['USER']}, roles granted")

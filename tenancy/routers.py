@@ -1,0 +1,38 @@
+"""``AppDatabaseRouter``: the ORM's queries go where ``tenant_context`` sets the tenant."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tenancy.aliases import app_alias
+
+
+class AppDatabaseRouter:
+    """Send every model's reads and writes to ``TENANCY["APP_DATABASE"]``.
+
+    Django sends a query without ``using()`` to the alias ``"default"``.
+    When the web process's alias has another name, a view's queries would
+    run on ``default``, outside the transaction in which ``tenant_context``
+    set the tenant: row-level security then shows nothing and refuses every
+    insert. With this router they go to the app alias::
+
+        DATABASES = {"default": {}, "app": {...}, "system": {...}, "owner": {...}}
+        DATABASE_ROUTERS = ["tenancy.routers.AppDatabaseRouter"]
+        TENANCY = {"APP_DATABASE": "app", ...}
+
+    A model instance read through another alias (``.using("system")``) is
+    saved there again, as Django does without a router. Migrations are not
+    routed: ``migrate --database owner`` decides where they run.
+    """
+
+    def db_for_read(self, model: type[Any], **hints: Any) -> str | None:
+        return self._route(hints)
+
+    def db_for_write(self, model: type[Any], **hints: Any) -> str | None:
+        return self._route(hints)
+
+    def _route(self, hints: dict[str, Any]) -> str | None:
+        instance = hints.get("instance")
+        if instance is not None and getattr(instance, "_state", None) and instance._state.db:
+            return None  # Django keeps the instance on the alias it came from
+        return app_alias()

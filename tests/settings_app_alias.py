@@ -1,0 +1,34 @@
+"""The test settings with the aliases renamed: the library must follow TENANCY, not ``default``.
+
+``make test-app-alias`` runs the tenancy, idempotency and outbox suites with
+these settings:
+
+- ``app`` is the app role (``TENANCY["APP_DATABASE"]``) and ``upkeep`` the
+  system role (``TENANCY["SYSTEM_DATABASE"]``); ``owner`` is unchanged.
+- ``default`` and ``system`` stay only as inert entries: Django's dummy
+  backend, which refuses every query, so any code that still sends a query
+  to either name fails at once. They keep the connection details because the
+  harness (tests/dbsetup.py, tests/helpers.py) reads the roles' and the
+  database's names from them for its raw connections.
+- ``tenancy.routers.AppDatabaseRouter`` sends the ORM to ``app``, as
+  docs/settings.md tells a project whose app alias is not ``default`` to do.
+"""
+
+from tests.settings import *  # noqa: F403
+from tests.settings import DATABASES as _DATABASES
+from tests.settings import TENANCY as _TENANCY
+
+
+def _inert(database: dict) -> dict:
+    return {**database, "ENGINE": "django.db.backends.dummy"}
+
+
+DATABASES = {
+    "default": _inert(_DATABASES["default"]),
+    "system": _inert(_DATABASES["system"]),
+    "app": _DATABASES["default"],
+    "upkeep": _DATABASES["system"],
+    "owner": _DATABASES["owner"],
+}
+DATABASE_ROUTERS = ["tenancy.routers.AppDatabaseRouter"]
+TENANCY = {**_TENANCY, "APP_DATABASE": "app", "SYSTEM_DATABASE": "upkeep"}
