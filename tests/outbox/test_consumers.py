@@ -34,7 +34,7 @@ def test_handler_writes_and_offset_commit_together():
     consumer = OrderRecorder()
     drain(consumer, until=lambda: len(effects()) == 3)
     assert effects() == {str(i): 1 for i in ids}
-    assert offset("orders")[:2] >= message_position(ids[-1])
+    assert offset("orders")[0] >= message_position(ids[-1])
     drain(consumer)  # nothing handled twice
     assert effects() == {str(i): 1 for i in ids}
 
@@ -56,13 +56,13 @@ def test_a_handler_that_raises_mid_batch_keeps_the_offset_at_the_last_good_messa
     wait_for(lambda: run_batch(consumer).failed, "the first batch")
     # a and b committed; c's write was rolled back; d not handled yet
     assert effects() == {str(ids[0]): 1, str(ids[1]): 1}
-    xid, last_id, attempts = offset("orders")
-    assert (xid, last_id) == message_position(ids[1])
+    last_id, attempts = offset("orders")
+    assert last_id == message_position(ids[1])
     assert attempts == 1
     FAILING.discard("c")
     drain(consumer, until=lambda: len(effects()) == 4)  # the retry succeeds and goes on
     assert effects() == {str(i): 1 for i in ids}
-    assert offset("orders")[2] == 0
+    assert offset("orders")[1] == 0
 
 
 def test_a_failing_head_message_waits_for_its_backoff(settings):
@@ -188,7 +188,7 @@ def test_a_consumer_of_a_rare_topic_still_moves_past_other_messages():
     consumer = OrderRecorder()
     ensure_offsets(consumer)
     last = message_position(publish_as(A, "something.else", {}))
-    wait_for(lambda: run_batch(consumer) is not None and offset("orders")[:2] > last,
+    wait_for(lambda: run_batch(consumer) is not None and offset("orders")[0] >= last,
              "the offset to pass the unrelated messages")
     assert effects() == {}
 

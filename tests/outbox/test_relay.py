@@ -65,7 +65,7 @@ def test_broker_down_backs_off_and_retries_skipping_nothing(caplog):
     assert memory.calls == 4
     assert memory.message_ids == [str(i) for i in ids]
     assert "could not send 3 message(s)" in caplog.text
-    assert offset("relay:test")[1] > 0
+    assert offset("relay:test")[0] > 0
 
 
 def test_a_second_relay_waits_while_the_first_holds_the_lease():
@@ -90,9 +90,9 @@ def test_a_relay_that_lost_its_lease_does_not_move_the_offset():
     with observer() as conn:
         conn.execute("UPDATE consumer_offsets SET lease_owner = 'other', last_id = 99"
                      " WHERE name = 'relay:test'")
-    assert position == (0, 0)
+    assert position == 0
     relay.drain()
-    assert offset("relay:test")[1] == 99
+    assert offset("relay:test")[0] == 99
 
 
 def test_relay_pending_helper_for_users_tests():
