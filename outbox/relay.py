@@ -82,8 +82,9 @@ class _Heartbeat:
                         relay.alias, relay.offset_name, relay.owner, self._lease
                     )
                 except DATABASE_ERRORS as exc:
+                    first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                     logger.warning("outbox: relay %s could not renew its lease (%s)",
-                                   relay.name, (str(exc).strip().splitlines() or [type(exc).__name__])[0])
+                                   relay.name, first_line)
                     _close(relay.alias)
                     continue
                 if not renewed:

@@ -16,7 +16,8 @@
 -- where it is not.
 
 -- No publisher may be in flight while positions are converted (every open
--- INSERT holds ROW EXCLUSIVE until its transaction ends), and no reader may move.
+-- INSERT holds ROW EXCLUSIVE until its transaction ends), and no reader may
+-- move. (The ALTER TABLE below would take the same lock; taking it first says so.)
 LOCK TABLE outbox_messages IN ACCESS EXCLUSIVE MODE;
 LOCK TABLE consumer_offsets IN EXCLUSIVE MODE;
 
