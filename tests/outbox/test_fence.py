@@ -408,3 +408,57 @@ def test_a_prepared_transaction_that_published_holds_later_messages_until_it_com
                 conn.execute(f"ROLLBACK PREPARED '{gid}'")
     relay_until(relay, memory, 3)
     assert memory.message_ids == [before, str(held), after]
+
+
+class PublishesNothing(OrderRecorder):
+    """Records each message (so its batch has an xid), and meanwhile checks that a
+    message published elsewhere is relayed while the batch is still open."""
+
+    name = "publishes-nothing"
+    relayed_during_batch: list[str] = []
+
+    def handle(self, message: Any) -> None:
+        super().handle(message)
+        if message.payload.get("sku") != "first":
+            return
+        newer = published_elsewhere(B, "newer")
+        memory = InMemoryTransport()
+        relay_until(Relay(memory, name="test"), memory, 2)
+        PublishesNothing.relayed_during_batch = memory.message_ids
+        assert memory.message_ids[-1] == newer
+
+
+def test_a_consumer_batch_in_flight_holds_nothing_back():
+    from outbox.consumers import ensure_offsets, run_batch
+
+    first = publish_as(A, "order.placed", {"sku": "first"})
+    consumer = PublishesNothing()
+    ensure_offsets(consumer)
+    wait_for(lambda: run_batch(consumer).handled >= 1, "the batch")
+    relayed = PublishesNothing.relayed_during_batch
+    assert relayed[0] == str(first) and len(relayed) == 2  # "newer" too, during the batch
+
+
+def test_a_role_with_insert_only_can_publish_no_grant_on_the_sequence():
+    """The id default runs as the tables' owner; a publisher needs INSERT, nothing more."""
+    with observer() as conn:
+        conn.execute("DROP ROLE IF EXISTS dio_test_insert_only")
+        conn.execute("CREATE ROLE dio_test_insert_only NOSUPERUSER NOBYPASSRLS")
+        conn.execute("GRANT INSERT ON outbox_messages TO dio_test_insert_only")
+        try:
+            conn.execute("BEGIN")
+            conn.execute("SET LOCAL ROLE dio_test_insert_only")
+            conn.execute("SET LOCAL app.tenant_id = '1'")
+            assert not conn.execute(
+                "SELECT has_sequence_privilege('outbox_message_ids', 'USAGE')"
+                " OR has_sequence_privilege('outbox_message_ids', 'SELECT')").fetchone()[0]
+            conn.execute("INSERT INTO outbox_messages (tenant_id, message_id, topic, payload)"
+                         " VALUES (1, gen_random_uuid(), 't', '{}')")
+            assert [pid for pid, _ in publisher_locks()] == [conn.info.backend_pid]
+            conn.execute("COMMIT")
+        finally:
+            conn.execute("ROLLBACK") if conn.info.transaction_status else None
+            conn.execute("REVOKE ALL ON outbox_messages FROM dio_test_insert_only")
+            conn.execute("DROP ROLE dio_test_insert_only")
+    memory = InMemoryTransport()
+    relay_until(Relay(memory, name="test"), memory, 1)

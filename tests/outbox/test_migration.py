@@ -139,26 +139,49 @@ def test_the_migration_converts_every_position_exactly(old_outbox):
 
 
 def test_the_migration_waits_for_a_publisher_in_flight(old_outbox):
-    """Converted while a message was uncommitted, a caught-up reader would skip it."""
+    """Converted while a message was uncommitted, a caught-up reader would skip it.
+
+    A publisher that starts meanwhile (the previous release's code, the same
+    INSERT) waits for the migration, then takes its id from the new default,
+    marking itself as a publisher in flight.
+    """
     add_reader(old_outbox, "caught-up", 103, 6)
-    with superuser(old_outbox) as publisher:
+    insert = ("INSERT INTO outbox_messages (tenant_id, message_id, topic, payload)"
+              " VALUES (2, gen_random_uuid(), 't', '{}') RETURNING id")
+    with superuser(old_outbox) as publisher, superuser(old_outbox) as latecomer:
         publisher.execute("BEGIN")
-        publisher.execute("INSERT INTO outbox_messages (tenant_id, message_id, topic, payload)"
-                          " VALUES (2, gen_random_uuid(), 't', '{}')")  # id 7, uncommitted
+        publisher.execute(insert)  # id 7, uncommitted
         results: list[subprocess.CompletedProcess[str]] = []
         migration = threading.Thread(target=lambda: results.append(migrate(old_outbox)))
         migration.start()
+        late: list[tuple[int, int]] = []
+
+        def publish_late() -> None:
+            latecomer.execute("BEGIN")
+            [(id_,)] = latecomer.execute(insert).fetchall()
+            [(marks,)] = latecomer.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2"
+                " AND classid::bigint >> 16 = 28514 AND pid = pg_backend_pid()").fetchall()
+            latecomer.execute("COMMIT")
+            late.append((id_, marks))
+
+        later = threading.Thread(target=publish_late)
         try:
-            def waiting() -> bool:
+            def waiting(count: int) -> bool:
                 with superuser(old_outbox) as conn:
                     return conn.execute(
                         "SELECT count(*) FROM pg_locks WHERE NOT granted"
                         " AND relation = 'outbox_messages'::regclass"
-                    ).fetchone()[0] > 0
+                    ).fetchone()[0] >= count
 
-            wait_for(waiting, "the migration to wait for the publisher")
+            wait_for(lambda: waiting(1), "the migration to wait for the publisher")
+            later.start()
+            wait_for(lambda: waiting(2), "the late publisher to wait for the migration")
             publisher.execute("COMMIT")
         finally:
             migration.join()
+            if later.ident:
+                later.join()
     assert results[0].returncode == 0, results[0].stderr[-3000:]
     assert positions(old_outbox)["caught-up"] == (6, 0)  # message 7 is still to come
+    assert late == [(8, 1)]  # from the new sequence, under the publisher's lock
