@@ -10,6 +10,7 @@ after it. docs/guarantees.md has the argument; these tests hold it to account.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -95,8 +96,6 @@ def unrelated_transaction(database: str | None = None) -> Iterator[psycopg.Conne
         conn = observer()
     else:
         db = connections["default"].settings_dict
-        import os
-
         conn = psycopg.connect(host=os.environ.get("DIO_PGSOCKET") or db["HOST"],
                                port=db["PORT"], user="postgres", dbname=database,
                                autocommit=True)
@@ -348,7 +347,6 @@ def prepared_transactions():
     the account that owns its data directory, keeping its other options; the
     setting then stays for later runs of this cluster.
     """
-    import os
     import pwd
     import subprocess
 
@@ -457,7 +455,8 @@ def test_a_role_with_insert_only_can_publish_no_grant_on_the_sequence():
             assert [pid for pid, _ in publisher_locks()] == [conn.info.backend_pid]
             conn.execute("COMMIT")
         finally:
-            conn.execute("ROLLBACK") if conn.info.transaction_status else None
+            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                conn.execute("ROLLBACK")
             conn.execute("REVOKE ALL ON outbox_messages FROM dio_test_insert_only")
             conn.execute("DROP ROLE dio_test_insert_only")
     memory = InMemoryTransport()
