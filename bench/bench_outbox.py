@@ -10,10 +10,19 @@ Measures, against the private PostgreSQL and Redis of scripts/services:
    at a steady rate while ``manage.py relay_outbox`` runs in its own process;
    the time runs from the publisher's COMMIT returning to the message being
    in the Redis list;
-4. memory (RSS) of the relay and of a consumer working through a backlog.
+4. memory (RSS) of the relay and of a consumer working through a backlog;
+5. delivery while an unrelated transaction (one that wrote, so it has a
+   transaction id) stays open for 16 s: 20 messages published and committed
+   meanwhile, one every 0.75 s, through ``manage.py relay_outbox``;
+6. failover: two ``relay_outbox`` processes share a backlog, the one holding
+   the lease is SIGKILLed mid-drain; the time from the kill until every
+   message is in Redis, and the duplicates and losses it caused.
 
 Targets (DESIGN.md): relay >= 10,000 messages/s on 2 cores, p50 <= 50 ms;
-consumer >= 10,000 messages/s; memory flat as the backlog grows.
+consumer >= 10,000 messages/s; memory flat as the backlog grows; an unrelated
+transaction holds nothing back (all 20 delivered while it is open, each
+within about the p99 latency); a dead relay is replaced within about a
+second (drain after SIGKILL <= 2 s, nothing lost).
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import argparse
 import base64
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -111,21 +121,66 @@ def backlog(count: int, chunk: int = 50_000) -> None:
 def wait_for_fence(timeout: float = 60.0) -> None:
     """Wait until every inserted message is below the readers' fence.
 
-    A transaction running anywhere on the server (another test run, an
-    autovacuum ANALYZE) holds the fence back; a timed run must not start
-    before the backlog is readable.
+    A timed run must not start before the backlog is readable. (Written for
+    both fences, so that this script also measures the release before the
+    publisher fence, whose readers waited for every transaction on the server.)
     """
     deadline = time.monotonic() + timeout
     with observer() as conn:
+        if conn.execute("SELECT to_regproc('outbox_fence') IS NOT NULL").fetchone()[0]:
+            query = "SELECT coalesce(max(id), 0) >= outbox_fence() FROM outbox_messages"
+        else:
+            query = ("SELECT coalesce(max(xid), '0'::xid8)"
+                     " >= pg_snapshot_xmin(pg_current_snapshot()) FROM outbox_messages")
         while time.monotonic() < deadline:
-            behind = conn.execute(
-                "SELECT coalesce(max(xid), '0'::xid8) >= pg_snapshot_xmin(pg_current_snapshot())"
-                "  FROM outbox_messages"
-            ).fetchone()[0]
-            if not behind:
+            if not conn.execute(query).fetchone()[0]:
                 return
             time.sleep(0.05)
-    sys.exit("bench: a long transaction on the server holds the outbox fence back")
+    sys.exit("bench: something holds the outbox fence back")
+
+
+def start_relay(name: str, log: Path | None = None) -> subprocess.Popen[bytes]:
+    """``manage.py relay_outbox`` in a process of its own (its output to ``log``)."""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "bench.outbox_settings"}
+    out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115
+    return subprocess.Popen(
+        [sys.executable, "manage.py", "relay_outbox", "--name", name],
+        cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+    )
+
+
+def message_id_of(item: bytes) -> str:
+    """The outbox message id of a Celery message taken from the Redis list."""
+    body = json.loads(base64.b64decode(json.loads(item)["body"]))
+    return str(body[0][0]["message_id"])
+
+
+class Arrivals(threading.Thread):
+    """Takes every message off the Redis list, noting when each message id arrived."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.times: dict[str, list[float]] = {}
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        client = broker()
+        while not self.done.is_set():
+            items = client.rpop(QUEUE, 1000)
+            now = time.perf_counter()
+            if not items:
+                time.sleep(0.002)
+                continue
+            for item in items:
+                self.times.setdefault(message_id_of(item), []).append(now)
+
+    @property
+    def received(self) -> int:
+        return sum(len(t) for t in list(self.times.values()))
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join(10)
 
 
 def bench_relay(count: int) -> float:
@@ -162,11 +217,7 @@ def bench_consumer(count: int) -> float:
 
 def bench_latency(count: int, rate: float) -> tuple[float, float, float]:
     reset()
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "bench.outbox_settings"}
-    relay = subprocess.Popen(
-        [sys.executable, "manage.py", "relay_outbox", "--name", "bench-latency"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-    )
+    relay = start_relay("bench-latency")
     committed: dict[str, float] = {}
     arrived: dict[str, float] = {}
     done = threading.Event()
@@ -240,25 +291,178 @@ def bench_memory(count: int) -> dict[str, list[tuple[int, float]]]:
     return samples
 
 
+def publish_one(n: int, topic: str) -> tuple[str, float]:
+    """Publish one message in its own transaction; its id and when COMMIT returned."""
+    with tenant_context(n % TENANTS + 1), transaction.atomic():
+        message_id = publish(topic, {"n": n}, key=f"order:{n}")
+    return str(message_id), time.perf_counter()
+
+
+def bench_unrelated_transaction(count: int, hold: float) -> dict[str, float]:
+    """Messages delivered while an unrelated transaction that wrote stays open."""
+    reset()
+    relay = start_relay("bench-stall")
+    arrivals = Arrivals()
+    arrivals.start()
+    try:
+        warm, _ = publish_one(-1, "bench.warm-up")  # the relay process is up and relaying
+        deadline = time.monotonic() + 60
+        while warm not in arrivals.times and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with observer() as other:
+            other.execute("BEGIN")
+            other.execute("CREATE TEMP TABLE bench_unrelated (n int)")
+            other.execute("INSERT INTO bench_unrelated VALUES (1)")  # now it has an xid
+            xid = other.execute("SELECT pg_current_xact_id()::text").fetchone()[0]
+            opened = time.perf_counter()
+            committed: dict[str, float] = {}
+            for n in range(count):
+                message_id, at = publish_one(n, "bench.unrelated")
+                committed[message_id] = at
+                pause = opened + (n + 1) * hold / (count + 1) - time.perf_counter()
+                if pause > 0:
+                    time.sleep(pause)
+            time.sleep(max(0.0, opened + hold - time.perf_counter()))
+            in_time = {m: arrivals.times[m][0] for m in committed if m in arrivals.times}
+            other.execute("COMMIT")
+            closed = time.perf_counter()
+        deadline = time.monotonic() + 120
+        while len([m for m in committed if m in arrivals.times]) < count:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+    finally:
+        relay.terminate()
+        relay.wait(30)
+        arrivals.stop()
+    latencies = sorted((in_time[m] - t) * 1000 for m, t in committed.items() if m in in_time)
+    late = [(arrivals.times[m][0] - closed) * 1000 for m in committed
+            if m not in in_time and m in arrivals.times]
+    return {
+        "xid": float(xid),
+        "delivered_while_open": len(in_time),
+        "delivered_after": len(late),
+        "p50_ms": statistics.median(latencies) if latencies else float("nan"),
+        "max_ms": latencies[-1] if latencies else float("nan"),
+        "held_s": hold,
+    }
+
+
+def bench_failover(count: int) -> dict[str, float]:
+    """Drain after SIGKILL of the relay holding the lease, a second relay waiting."""
+    reset()
+    name = "bench-failover"
+    logs = [Path(f"/tmp/dio-bench-failover-{i}-{os.getpid()}.log") for i in range(2)]
+    arrivals = Arrivals()
+    arrivals.start()
+    relays: list[subprocess.Popen[bytes]] = []
+    with observer() as backlog_conn:
+        # The backlog stays unreadable (its transaction is open) until both
+        # relays run and one of them holds the lease.
+        backlog_conn.execute("BEGIN")
+        backlog_conn.execute(
+            "INSERT INTO outbox_messages (tenant_id, message_id, topic, key, payload)"
+            " SELECT (g %% %s) + 1, gen_random_uuid(), 'bench.failover', 'order:' || (g %% 5000),"
+            "        jsonb_build_object('n', g, 'sku', 'sku-' || g, 'quantity', 1)"
+            "   FROM generate_series(1, %s) AS g",
+            [TENANTS, count],
+        )
+        ids = {str(r[0]) for r in backlog_conn.execute("SELECT message_id FROM outbox_messages")}
+        try:
+            relays = [start_relay(name, log) for log in logs]
+            deadline = time.monotonic() + 60
+            while not all(b"running" in log.read_bytes() for log in logs if log.exists()):
+                if time.monotonic() > deadline:
+                    sys.exit("bench: the relays did not start")
+                time.sleep(0.05)
+            owner = ""
+            while not owner and time.monotonic() < deadline:
+                with observer() as conn:
+                    row = conn.execute(
+                        "SELECT lease_owner FROM consumer_offsets WHERE name = %s",
+                        [f"relay:{name}"],
+                    ).fetchone()
+                owner = row[0] if row else ""
+                time.sleep(0.02)
+            backlog_conn.execute("COMMIT")
+            pid = int(owner.split(":")[1])
+            victim = next(r for r in relays if r.pid == pid)
+            while arrivals.received < count // 4:
+                time.sleep(0.001)
+            victim.send_signal(signal.SIGKILL)
+            killed = time.perf_counter()
+            victim.wait(30)
+            before_kill = arrivals.received
+            deadline = time.monotonic() + 120
+            while len(ids & arrivals.times.keys()) < len(ids) and time.monotonic() < deadline:
+                time.sleep(0.002)
+            time.sleep(0.5)  # anything still on its way
+        finally:
+            for relay in relays:
+                if relay.poll() is None:
+                    relay.terminate()
+                    relay.wait(30)
+            arrivals.stop()
+            for log in logs:
+                log.unlink(missing_ok=True)
+    after = [t for times in arrivals.times.values() for t in times if t > killed]
+    delivered = ids & arrivals.times.keys()
+    last = max(min(arrivals.times[m]) for m in delivered) if delivered else killed
+    return {
+        "messages": count,
+        "before_kill": before_kill,
+        "takeover_s": (min(after) - killed) if after else float("nan"),
+        "drain_s": last - killed,
+        "duplicates": arrivals.received - len(delivered),
+        "lost": len(ids - delivered),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--backlog", type=int, default=1_000_000)
     parser.add_argument("--latency-messages", type=int, default=2000)
     parser.add_argument("--rate", type=float, default=200.0, help="published messages/s")
+    parser.add_argument("--unrelated-hold", type=float, default=16.0,
+                        help="seconds the unrelated transaction stays open")
+    parser.add_argument("--failover-messages", type=int, default=10_000)
+    parser.add_argument("--only", choices=["throughput", "latency", "memory", "unrelated",
+                                           "failover"], action="append",
+                        help="run only these measurements (default: all)")
     args = parser.parse_args()
+    only = set(args.only or ["throughput", "latency", "memory", "unrelated", "failover"])
     log(f"machine: {os.cpu_count()} cores; PostgreSQL and Redis of scripts/services")
     setup_database()
-    rate = bench_relay(args.messages)
-    log(f"relay -> Redis (Celery transport): {rate:,.0f} messages/s "
-        f"({args.messages:,} messages; target >= 10,000)")
-    rate = bench_consumer(args.messages)
-    log(f"consumer, no-op handler:           {rate:,.0f} messages/s "
-        f"({args.messages:,} messages, {TENANTS} tenants; target >= 10,000)")
-    p50, p99, worst = bench_latency(args.latency_messages, args.rate)
-    log(f"commit-to-publish latency:         p50 {p50:.1f} ms, p99 {p99:.1f} ms, "
-        f"max {worst:.1f} ms ({args.latency_messages:,} messages at {args.rate:.0f}/s; "
-        "target p50 <= 50 ms)")
+    if "throughput" in only:
+        rate = bench_relay(args.messages)
+        log(f"relay -> Redis (Celery transport): {rate:,.0f} messages/s "
+            f"({args.messages:,} messages; target >= 10,000)")
+        rate = bench_consumer(args.messages)
+        log(f"consumer, no-op handler:           {rate:,.0f} messages/s "
+            f"({args.messages:,} messages, {TENANTS} tenants; target >= 10,000)")
+    if "latency" in only:
+        p50, p99, worst = bench_latency(args.latency_messages, args.rate)
+        log(f"commit-to-publish latency:         p50 {p50:.1f} ms, p99 {p99:.1f} ms, "
+            f"max {worst:.1f} ms ({args.latency_messages:,} messages at {args.rate:.0f}/s; "
+            "target p50 <= 50 ms)")
+    if "unrelated" in only:
+        n = 20
+        r = bench_unrelated_transaction(n, args.unrelated_hold)
+        log(f"unrelated transaction open {r['held_s']:.0f} s (xid {r['xid']:.0f}): "
+            f"{r['delivered_while_open']:.0f} of {n} delivered while it was open "
+            f"(p50 {r['p50_ms']:.1f} ms, max {r['max_ms']:.1f} ms), "
+            f"{r['delivered_after']:.0f} only after it ended "
+            "(target: all 20, each within about the p99 latency)")
+    if "failover" in only:
+        r = bench_failover(args.failover_messages)
+        log(f"relay SIGKILLed mid-drain, a second one waiting: drain after the kill "
+            f"{r['drain_s']:.2f} s (first message from the new relay after "
+            f"{r['takeover_s']:.2f} s), {r['duplicates']:.0f} duplicate(s), "
+            f"{r['lost']:.0f} lost ({r['messages']:,.0f} messages, "
+            f"{r['before_kill']:,.0f} in Redis at the kill; target <= 2 s, lost 0)")
+    if "memory" not in only:
+        return
     samples = bench_memory(args.backlog)
     for name, points in samples.items():
         shown = ", ".join(f"{n:,}: {mb:.0f} MB" for n, mb in points[:: max(len(points) // 5, 1)])

@@ -9,6 +9,7 @@ from __future__ import annotations
 from importlib import resources
 
 from django.db import migrations
+from django.db.migrations.operations.base import Operation
 
 
 def read_sql(package: str, name: str) -> str:
@@ -16,15 +17,24 @@ def read_sql(package: str, name: str) -> str:
     return resources.files(package).joinpath("sql", name).read_text(encoding="utf-8")
 
 
-def RunSQLFile(package: str, name: str, reverse: str | None = None) -> migrations.RunSQL:  # noqa: N802
+def RunSQLFile(  # noqa: N802
+    package: str,
+    name: str,
+    reverse: str | None = None,
+    state_operations: list[Operation] | None = None,
+) -> migrations.RunSQL:
     """A ``RunSQL`` operation for ``<package>/sql/<name>``.
 
     Args:
         package: the package holding the ``sql/`` directory, e.g. ``"idempotency"``.
         name: the forward file.
         reverse: the file that undoes it, if the migration is reversible.
+        state_operations: what the file does to the models, in Django's terms
+            (e.g. a ``RemoveField`` for a column the file drops), so that the
+            migration stays one operation.
     """
     return migrations.RunSQL(
         sql=read_sql(package, name),
         reverse_sql=read_sql(package, reverse) if reverse else None,
+        state_operations=state_operations,
     )

@@ -8,4 +8,6 @@ class OutboxConfig(AppConfig):
 
     def ready(self) -> None:
         # Importing the settings object registers it with the settings check.
-        from outbox import conf  # noqa: F401
+        from outbox import checks, conf  # noqa: F401
+
+        checks.register()

@@ -27,6 +27,10 @@ class OutboxSettings(AppSettings):
     CONSUMERS: Setting[tuple[Any, ...]] = Setting((), objects)
     #: Messages read per consumer transaction.
     CONSUMER_BATCH_SIZE = Setting(500, integer(minimum=1))
+    #: Consumers: during a batch, the database ends the session of a consumer
+    #: whose host stopped answering (TCP keepalives) after about this long, so
+    #: that its partition's lock is released; 0 leaves the server's settings.
+    CONSUMER_LOST_AFTER = Setting(timedelta(seconds=3), seconds())
     #: Attempts at one message before it is parked in the dead-letter table.
     MAX_ATTEMPTS = Setting(5, integer(minimum=1))
     #: Delay before the second attempt; doubled for each further attempt.
@@ -41,9 +45,11 @@ class OutboxSettings(AppSettings):
     TRANSPORT: Setting[Any] = Setting("outbox.transports.CeleryTransport", dotted_path_or_object)
     #: Relay: messages read and published per round.
     RELAY_BATCH_SIZE = Setting(1000, integer(minimum=1))
-    #: Relay: how long one relay owns the stream before another may take over
-    #: (renewed every round; only matters when a relay dies).
-    RELAY_LEASE = Setting(timedelta(seconds=30), seconds(allow_zero=False))
+    #: Relay: how long one relay owns the stream after its last renewal. A
+    #: heartbeat thread renews it every quarter of this, whatever the batch in
+    #: flight is doing, so this is also how soon a relay that died (SIGKILL, a
+    #: lost host) is replaced by one that waits.
+    RELAY_LEASE = Setting(timedelta(seconds=1), seconds(allow_zero=False))
     #: Relay: first and longest pause after the broker fails.
     BROKER_BACKOFF = Setting(timedelta(milliseconds=500), seconds())
     BROKER_BACKOFF_MAX = Setting(timedelta(seconds=30), seconds())

@@ -10,7 +10,7 @@ the offset update commit or roll back together::
       (read the fenced batch on the system alias, a statement of its own)
       for each tenant in the batch:
         SAVEPOINT; SET LOCAL app.tenant_id; handle(message) ...; RELEASE
-      UPDATE consumer_offsets SET last_xid, last_id ...
+      UPDATE consumer_offsets SET last_id ...
     COMMIT
 
 A crash before COMMIT loses the handler's writes together with the offset
@@ -208,7 +208,9 @@ def run_batch(consumer: Consumer, partition: int = 0) -> BatchResult:
     limit = consumer.batch_size or outbox_settings.CONSUMER_BATCH_SIZE
     max_attempts = consumer.max_attempts or outbox_settings.MAX_ATTEMPTS
     with transaction.atomic(using=app):
-        offset = store.lock_offset(app, consumer.name, partition)
+        offset = store.lock_offset(
+            app, consumer.name, partition, lost_after=outbox_settings.CONSUMER_LOST_AFTER
+        )
         if offset is None:
             return BatchResult(locked=True)
         if offset.waiting:

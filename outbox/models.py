@@ -3,8 +3,9 @@
 Rows of ``outbox_messages`` are written by :func:`outbox.publish` with one SQL
 statement and read by the relay and the consumers with SQL of their own; the
 models are for reading, the admin and the tests. The parts Django cannot
-express (the identity column, the ``xid8`` default, the delivery index and the
-row-level security policies) are in ``outbox/sql/``.
+express (the id default that marks a publisher in flight, the ``xid8``
+default, the SQL functions of the fence, the delivery index and the row-level
+security policies) are in ``outbox/sql/``.
 """
 
 from __future__ import annotations
@@ -34,9 +35,12 @@ class OutboxMessage(models.Model):
     """One event, written in the same transaction as the change it announces.
 
     Append-only: the app role may insert and read (its own tenant's rows), never
-    update or delete. ``xid`` is the writing transaction's id; readers order by
-    ``(xid, id)`` and read only below the oldest running transaction, so a
-    message committed late is never skipped (see docs/guarantees.md).
+    update or delete. ``id`` comes from ``outbox_next_id()``, which marks the
+    writing transaction as a publisher in flight until it ends; readers follow
+    ids in order and read only below the lowest id such a publisher may still
+    commit, so a message committed late is never skipped (see
+    docs/guarantees.md). ``xid`` is the writing transaction's id, kept for
+    people (it no longer orders anything).
     """
 
     tenant_isolated = True
@@ -67,7 +71,7 @@ class ConsumerOffset(models.Model):
     """How far one reader (a consumer partition, or a relay) has read.
 
     Global, not per tenant: a reader follows the one stream of all tenants.
-    The position is the ``(xid, id)`` of the last message passed. ``attempts``,
+    The position is ``last_id``, the id of the last message passed. ``attempts``,
     ``retry_at`` and ``last_error`` describe the message at the head of this
     partition while it keeps failing; ``lease_owner`` and ``lease_until`` are
     used by relays only.
@@ -77,7 +81,6 @@ class ConsumerOffset(models.Model):
     name = models.CharField(max_length=200)
     partition = models.IntegerField(default=0)
     partition_count = models.IntegerField(default=1)
-    last_xid = XID8Field(default=0)
     last_id = models.BigIntegerField(default=0)
     last_processed_at = models.DateTimeField(null=True)
     attempts = models.IntegerField(default=0)
@@ -90,7 +93,7 @@ class ConsumerOffset(models.Model):
         db_table = "consumer_offsets"
 
     def __str__(self) -> str:
-        return f"{self.name}[{self.partition}] at ({self.last_xid}, {self.last_id})"
+        return f"{self.name}[{self.partition}] at {self.last_id}"
 
 
 class DeadLetter(models.Model):

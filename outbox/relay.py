@@ -4,10 +4,10 @@ A relay is an offset reader on the system alias, like a consumer, with one
 difference: its effect (publishing to a broker) is outside the database, so it
 cannot share a transaction with the offset. Each round therefore is::
 
-    1. claim or renew the lease on the offset row  (one UPDATE, committed;
-                                                    skipped while the lease is
-                                                    young: then the position
-                                                    known here is current)
+    1. claim the lease on the offset row           (one UPDATE, committed; only
+                                                    when the lease is not held:
+                                                    then the position known
+                                                    here is current)
     2. read the fenced batch after the offset      (one SELECT)
     3. send the batch to the broker                (no transaction open)
     4. advance the offset, compare-and-set on the old position and the lease
@@ -15,9 +15,18 @@ cannot share a transaction with the offset. Each round therefore is::
 A crash between 3 and 4 sends the batch again on restart (at-least-once);
 receivers drop the duplicates by message id. If the broker fails, the offset
 stays put and the batch is retried after a growing pause: nothing is skipped.
-Several relays may run (on several hosts); the lease lets one of them work
-at a time, and the compare-and-set keeps a relay whose lease ran out from
-moving the offset under another one.
+
+Several relays may run (on several hosts); the lease lets one of them work at
+a time. It is short (``RELAY_LEASE``, 1 s) and renewed by a heartbeat thread
+on a connection of its own, every quarter of its length, whatever the batch
+in flight is doing: a relay whose broker call takes minutes keeps its lease,
+and one that dies (SIGKILL, a lost host) stops renewing, so a waiting relay
+takes over within the lease. The lease lives in a row and each renewal is a
+statement of its own, so relays work through pgbouncer in transaction mode
+(a session advisory lock would not: it stays on the pooled server connection).
+The lease decides who works, never what is delivered: the compare-and-set in
+4 keeps a relay that lost its lease (its heartbeat could not reach the
+database) from moving the offset under the one that took over.
 """
 
 from __future__ import annotations
@@ -26,8 +35,9 @@ import logging
 import os
 import socket
 import threading
-import time
 import uuid
+
+from django.db import connections
 
 from django_idempotency_outbox.durations import backoff
 from outbox import store
@@ -42,8 +52,64 @@ from tenancy.aliases import system_alias
 logger = logging.getLogger("outbox")
 
 
+class _Heartbeat:
+    """Renews a relay's lease every quarter of its length, on a connection of its own.
+
+    Runs in a daemon thread (Django gives each thread its own connection)
+    from the moment the lease is claimed until :meth:`stop`. When a renewal
+    finds the lease taken by another relay, it sets :attr:`lost` and ends. A
+    database error is logged and the next beat tries again on a new
+    connection; if none succeeds within the lease, another relay may take
+    over, and the compare-and-set on the offset keeps this one from moving it.
+    """
+
+    def __init__(self, relay: Relay, lease: float) -> None:
+        self.lost = threading.Event()
+        self._relay = relay
+        self._lease = lease
+        self._done = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"outbox relay {relay.name} heartbeat", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self) -> None:
+        relay = self._relay
+        try:
+            while not self._done.wait(self._lease / 4):
+                try:
+                    renewed = store.renew_lease(
+                        relay.alias, relay.offset_name, relay.owner, self._lease
+                    )
+                except DATABASE_ERRORS as exc:
+                    first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                    logger.warning("outbox: relay %s could not renew its lease (%s)",
+                                   relay.name, first_line)
+                    _close(relay.alias)
+                    continue
+                if not renewed:
+                    logger.warning("outbox: relay %s lost its lease to another relay",
+                                   relay.name)
+                    self.lost.set()
+                    return
+        finally:
+            _close(relay.alias)
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+def _close(alias: str) -> None:
+    """Close this thread's connection to ``alias`` (broken ones included)."""
+    try:
+        connections[alias].close()
+    except Exception:  # already broken: nothing left to close
+        pass
+
+
 class Relay:
-    """Moves committed messages to a transport, in ``(xid, id)`` order.
+    """Moves committed messages to a transport, in id order.
 
     Args:
         transport: a :class:`~outbox.transports.Transport`; ``OUTBOX["TRANSPORT"]``
@@ -70,23 +136,29 @@ class Relay:
         self.sent = 0
         self._broker_failures = 0
         self._checked = False
-        # While the lease is ours and not past half its life, the position is
-        # known here and the lease need not be renewed (no write per poll).
-        self._position: tuple[int, int] | None = None
-        self._renew_at = 0.0
+        # While the lease is ours (the heartbeat keeps it), the position is
+        # known here: no statement per poll but the read.
+        self._position: int | None = None
+        self._heartbeat: _Heartbeat | None = None
 
-    def _claim(self) -> tuple[int, int] | None:
-        if self._position is not None and time.monotonic() < self._renew_at:
+    def _claim(self) -> int | None:
+        heartbeat = self._heartbeat
+        if self._position is not None and heartbeat is not None and not heartbeat.lost.is_set():
             return self._position
+        self._stop_heartbeat()
         self._position = None
         lease = outbox_settings.RELAY_LEASE
-        started = time.monotonic()
         position = store.claim_lease(self.alias, self.offset_name, self.owner, lease)
         if position is None:
             return None
         self._position = position
-        self._renew_at = started + lease / 2
+        self._heartbeat = _Heartbeat(self, lease)
         return self._position
+
+    def _stop_heartbeat(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+            self._heartbeat = None
 
     def step(self) -> bool:
         """One round; True when another round may find work at once."""
@@ -109,6 +181,9 @@ class Relay:
         else:
             batch = store.read_batch(self.alias, position, self.batch_size)
         if not batch.messages:
+            return False
+        if self._heartbeat is None or self._heartbeat.lost.is_set():
+            self._position = None  # another relay took over while this one read
             return False
         try:
             if self.transport.reads_envelopes:
@@ -135,7 +210,7 @@ class Relay:
         if self._broker_failures:
             logger.info("outbox: relay %s reaches the broker again", self.name)
             self._broker_failures = 0
-        last = batch.messages[-1].position
+        last = batch.messages[-1].id
         advanced = store.advance_leased(self.alias, self.offset_name, self.owner, position, last)
         if not advanced:
             self._position = None
@@ -153,9 +228,14 @@ class Relay:
         """Relay until nothing is left below the fence; return messages sent.
 
         A database error propagates (this is for one-shot use: tests, tasks).
+        The lease is kept, no longer renewed, when it returns: call
+        :meth:`release` to hand over at once.
         """
         before = self.sent
-        run_loop(self.step, name=f"relay {self.name}", stop=self.stop, once=True)
+        try:
+            run_loop(self.step, name=f"relay {self.name}", stop=self.stop, once=True)
+        finally:
+            self._stop_heartbeat()
         return self.sent - before
 
     def run(self) -> None:
@@ -169,6 +249,7 @@ class Relay:
 
     def release(self) -> None:
         """Give the lease up, so that another relay takes over at once."""
+        self._stop_heartbeat()
         self._position = None
         try:
             store.release_lease(self.alias, self.offset_name, self.owner)

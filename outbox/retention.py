@@ -1,7 +1,7 @@
 """Deleting old messages, never one that a reader has not passed.
 
 A message is deleted when it is older than ``OUTBOX["RETENTION"]`` AND its
-``(xid, id)`` is below the position of every reader: every row of
+id is at or below the position of every reader: every row of
 ``consumer_offsets`` (all consumer partitions and relays) and every
 configured consumer or relay that has no row yet (it will start from the
 beginning, so nothing may go). A consumer that is retired must have its
@@ -30,10 +30,10 @@ logger = logging.getLogger("outbox")
 class ReapResult:
     messages: int
     received: int
-    horizon: tuple[int, int] | None
+    horizon: int | None
 
 
-def horizon(using: str | None = None) -> tuple[int, int] | None:
+def horizon(using: str | None = None) -> int | None:
     """The lowest reader position: messages strictly below it were passed by all.
 
     None when some configured reader has no offset row yet (nothing may be

@@ -24,12 +24,17 @@ class Status:
 def status(using: str | None = None) -> Status:
     """Collect the outbox's health, as the system role sees it.
 
-    ``blocker`` is the running transaction with the oldest transaction id, when
-    messages are waiting behind the fence. Its query text and age need the
-    system role to be a member of ``pg_read_all_stats`` (else they are None).
+    ``fence`` is the first id readers may not read yet. ``held_back`` counts
+    the committed messages at or above it, which wait for a publishing
+    transaction still in flight; ``blocker`` is that transaction (the one
+    with the lowest bound), whether or not anything waits for it yet. Its
+    query text, state and age need the system role to be a member of
+    ``pg_read_all_stats`` (else they are None; its pid is always there).
     """
     alias = system_alias(using)
     fence = store.current_fence(alias)
+    # Every statement below runs after the fence was taken, so a message it
+    # counts as held back was committed then or later.
     readers = store.reader_lags(alias, fence)
     total = store.count_messages(alias)
     held_back = store.count_held_back(alias, fence)
@@ -37,5 +42,5 @@ def status(using: str | None = None) -> Status:
     if readers:
         oldest = store.oldest_unpassed_age(alias, min(r.position for r in readers))
     parked = store.parked_counts(alias)
-    blocker = store.find_blocker(alias, fence) if held_back else None
+    blocker = store.find_blocker(alias)
     return Status(fence, readers, oldest, held_back, parked, blocker, total)

@@ -15,7 +15,9 @@ positional tuples.
 
 The ORM is used where it costs nothing that could be measured; hand-written
 SQL where it earns its place, with the reason beside it. The delivery fence
-(what may be read) is defined once, in :data:`FENCE`.
+(what may be read) is computed in one place, the SQL function
+``outbox_fence()`` (``outbox/sql/0003_publisher_fence.sql``), which every
+read and ``outbox_status`` call; :func:`read_batch` says why it is safe.
 """
 
 from __future__ import annotations
@@ -46,14 +48,14 @@ class OffsetRow:
     """A consumer partition's offset row, locked by the caller's transaction.
 
     Attributes:
-        position: ``(xid, id)`` of the last message passed.
+        position: the id of the last message passed.
         attempts: failed attempts at the message after ``position`` (0: none).
         waiting: that message's next attempt is not due yet.
         stale: not advanced for 5 seconds (or never), so moving it past a
             quiet stretch of the stream is worth a write.
     """
 
-    position: tuple[int, int]
+    position: int
     attempts: int
     waiting: bool
     stale: bool
@@ -80,7 +82,7 @@ class ReaderPosition:
 
     name: str
     partition: int
-    position: tuple[int, int]
+    position: int
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,7 @@ class ReaderLag:
     name: str
     partition: int
     partition_count: int
-    position: tuple[int, int]
+    position: int
     behind: int
     last_processed_age: timedelta | None
     attempts: int
@@ -106,10 +108,20 @@ class ReaderLag:
 
 @dataclass(frozen=True)
 class Blocker:
-    """An open transaction with a transaction id: it holds the fence at or below it."""
+    """The publishing transaction still in flight with the lowest bound: it holds the fence.
+
+    Attributes:
+        pid: its backend (None for a prepared transaction).
+        bound: the bound its lock names; messages with larger ids wait for it.
+        age: how long the transaction has been open (prepared: since PREPARE);
+            None unless the system role may see it (``pg_read_all_stats``).
+        state: ``pg_stat_activity.state``, or ``"prepared"``.
+        query: its last statement, or the prepared transaction's gid.
+        database, user: where and as whom it runs.
+    """
 
     pid: int | None
-    xid: int
+    bound: int
     age: timedelta | None
     state: str | None
     query: str | None
@@ -159,8 +171,10 @@ def _to_jsonb(value: Any) -> str:
 
 # -- publishing ---------------------------------------------------------------
 
-# Hand-written: one round trip on the caller's hot path; the id (identity)
-# and xid (pg_current_xact_id()) come from column defaults the models do not know.
+# Hand-written: one round trip on the caller's hot path. The id and xid come
+# from column defaults the models do not know: outbox_next_id() marks this
+# transaction as a publisher in flight (the fence) before it takes the id, and
+# pg_current_xact_id() records the transaction.
 _INSERT_MESSAGE = """
 INSERT INTO outbox_messages
        (tenant_id, message_id, topic, key, aggregate_type, aggregate_id, payload, headers)
@@ -196,12 +210,14 @@ def insert_message(
 
 # -- the stream ---------------------------------------------------------------
 
-#: The delivery fence: every transaction with a smaller id has ended, so no
-#: message below it can still appear. Server-wide for now: any open transaction
-#: with an id holds it back (:func:`count_held_back` counts what waits,
-#: :func:`find_blocker` names the transaction). The one definition: the reads,
-#: ``outbox_status`` and :class:`~outbox.stream.Batch` all take it from here.
-FENCE = "pg_snapshot_xmin(pg_current_snapshot())"
+#: The delivery fence: the first id a reader may not read yet. Computed by one
+#: SQL function (``outbox/sql/0003_publisher_fence.sql``): the last id handed
+#: out, or the lowest bound named by a publisher still in flight, plus one.
+#: Only a transaction that has published and is still open holds it back
+#: (:func:`count_held_back` counts what waits, :func:`find_blocker` names the
+#: transaction). The reads, ``outbox_status`` and :class:`~outbox.stream.Batch`
+#: all take it from there.
+FENCE = "outbox_fence()"
 
 _MESSAGE_COLUMNS = (
     "m.id, m.message_id, m.tenant_id, m.topic, m.payload, m.key, m.aggregate_type,"
@@ -226,49 +242,51 @@ _ENVELOPE_JSON = "json_build_object({})::text".format(
 )
 _ENVELOPE_COLUMNS = "m.id, m.xid::text, m.message_id::text, m.topic, " + _ENVELOPE_JSON
 
-#: The partition of a message: a hash of its key, or of its message id when it
-#: has no key (such messages promise no order, so they may spread).
-_PARTITION_OF = (
-    "mod(hashtextextended(coalesce(m.key, m.message_id::text), 0) & 9223372036854775807, %s)"
-)
-
 
 def read_batch(
     using: str,
-    after: tuple[int, int],
+    after: int,
     limit: int,
     *,
     topics: Sequence[str] | None = None,
     partition: int = 0,
     partition_count: int = 1,
 ) -> Batch[Message]:
-    """The next messages after ``after``, below the fence, in ``(xid, id)`` order.
+    """The next messages after ``after``, below the fence, in id order.
 
-    This is the read that makes offsets gap-safe. A reader remembers the
-    ``(xid, id)`` of the last message it passed and asks for the next rows in
-    ``(xid, id)`` order, but only rows whose transaction id is below the
-    oldest transaction still running (:data:`FENCE`)::
+    This is the read that makes offsets gap-safe. A reader remembers the id of
+    the last message it passed and asks for the next rows in id order, but
+    only those below the fence F, and in a snapshot taken after F::
 
-        WHERE (xid, id) > (last_xid, last_id)
-          AND xid < pg_snapshot_xmin(pg_current_snapshot())
-        ORDER BY xid, id
+        F := outbox_fence()       -- the last id handed out V, read first, then
+                                  -- the lowest bound b of a publisher in flight:
+                                  -- F = min(V, b) + 1
+        SELECT ... WHERE id > last_id AND id < F ORDER BY id   -- a new snapshot
 
-    Below that fence every transaction has ended, so no row can still appear
-    there; a row committed later has a transaction id at or above the fence
-    and therefore sorts after everything read so far. Reading
-    ``WHERE id > last_id`` instead loses a row whose transaction took its id
-    first and committed last.
+    Every transaction that writes a message takes, before its first id, a
+    lock naming a bound below every id it will take (``outbox_next_id()``)
+    and holds it until it ends. A row with an id below F was therefore
+    written by a transaction that had its lock before V was read: if it was
+    still open at the lock scan, its bound would have made F no larger than
+    that id; so it had ended, and ended before the snapshot was taken (a
+    transaction is visible before its locks are released), so the snapshot
+    sees the row, or it was rolled back. Nothing below F can still appear;
+    a row committed later has an id at or above F and sorts after everything
+    read so far. (docs/guarantees.md has the whole argument.) Reading
+    ``WHERE id > last_id`` without the fence loses a row whose transaction
+    took its id first and committed last.
 
-    The price: one long transaction anywhere on the server holds delivery
-    back until it ends (``outbox_status`` names it).
+    The price: a publishing transaction that stays open holds back the
+    messages with larger ids until it ends (``outbox_status`` names it);
+    other transactions, however long, hold nothing back.
 
-    Run on the system alias (it sees every tenant) as a statement of its own,
-    never inside a transaction of that alias: the fence and the rows come from
-    the same snapshot, taken by this statement.
+    Run on the system alias (it sees every tenant), under READ COMMITTED
+    (``outbox_read()`` refuses anything else: it needs a new snapshot for its
+    second statement), in a statement of its own.
 
     Args:
         using: a database alias whose role is not subject to row-level security.
-        after: the reader's position, ``(xid, id)`` of the last message passed.
+        after: the reader's position, the id of the last message passed.
         limit: at most this many messages.
         topics: only these topics (None: all).
         partition, partition_count: only messages whose key hashes to ``partition``.
@@ -277,11 +295,11 @@ def read_batch(
         using, _MESSAGE_COLUMNS, after, limit, topics, partition, partition_count
     )
     messages = [_message(row) for row in rows]
-    messages.sort(key=lambda m: m.position)
+    messages.sort(key=lambda m: m.id)
     return Batch(messages, fence)
 
 
-def read_envelopes(using: str, after: tuple[int, int], limit: int) -> Batch[Envelope]:
+def read_envelopes(using: str, after: int, limit: int) -> Batch[Envelope]:
     """As :func:`read_batch` (all topics, one partition), each message as an :class:`Envelope`.
 
     PostgreSQL writes each envelope's JSON, in the same statement and snapshot.
@@ -291,7 +309,7 @@ def read_envelopes(using: str, after: tuple[int, int], limit: int) -> Batch[Enve
         Envelope(id_, int(xid), message_id, topic, text)
         for id_, xid, message_id, topic, text in rows
     ]
-    envelopes.sort(key=lambda e: e.position)
+    envelopes.sort(key=lambda e: e.id)
     return Batch(envelopes, fence)
 
 
@@ -316,35 +334,23 @@ def _message(row: Sequence[Any]) -> Message:
 def _fenced_select(
     using: str,
     columns: str,
-    after: tuple[int, int],
+    after: int,
     limit: int,
     topics: Sequence[str] | None,
     partition: int,
     partition_count: int,
 ) -> tuple[int, list[Sequence[Any]]]:
     """The fence and the selected ``columns`` of the next rows (see :func:`read_batch`)."""
-    where = ["(m.xid, m.id) > (%s::xid8, %s)", "m.xid < f.xmin"]
-    params: list[Any] = [str(after[0]), after[1]]
-    if topics is not None:
-        where.append("m.topic = ANY(%s)")
-        params.append(list(topics))
-    if partition_count > 1:
-        where.append(f"{_PARTITION_OF} = %s")
-        params += [partition_count, partition]
-    params.append(limit)
-    # Hand-written: the fence and the rows from one snapshot (the lateral join
-    # still returns the fence when no row matches), along the (xid, id) index.
+    # Hand-written: outbox_read() computes the fence and then reads the rows
+    # in a snapshot of its own, taken after the fence, in one round trip (one
+    # SELECT could not: its snapshot is taken before anything in it runs). It
+    # returns the fence alone when no row matches; ``m`` is each row's columns.
     sql = f"""
-        SELECT f.xmin::text, b.*
-          FROM (SELECT {FENCE} AS xmin) AS f
-          LEFT JOIN LATERAL (
-                SELECT {columns}
-                  FROM outbox_messages AS m
-                 WHERE {" AND ".join(where)}
-                 ORDER BY m.xid, m.id
-                 LIMIT %s
-          ) AS b ON TRUE
+        SELECT r.fence, {columns}
+          FROM outbox_read(%s, %s, %s, %s, %s) AS r
+         CROSS JOIN LATERAL (SELECT (r.message).*) AS m
     """
+    params = [after, limit, None if topics is None else list(topics), partition, partition_count]
     with connections[using].cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
@@ -353,9 +359,9 @@ def _fenced_select(
 
 
 def current_fence(using: str) -> int:
-    """The fence as a statement on ``using`` sees it now (see :data:`FENCE`)."""
+    """The fence now: the first id that a read on ``using`` would not return."""
     with connections[using].cursor() as cursor:
-        cursor.execute(f"SELECT {FENCE}::text")
+        cursor.execute(f"SELECT {FENCE}")
         return int(cursor.fetchone()[0])
 
 
@@ -393,34 +399,64 @@ def create_offsets(using: str, name: str, partitions: int) -> int:
 # Hand-written: SKIP LOCKED (another worker has the partition: move on), and
 # the clock comparisons made by the database, on the consumer's hot path.
 _LOCK_OFFSET = """
-SELECT last_xid::text, last_id, attempts, coalesce(retry_at > now(), false),
-       coalesce(last_processed_at < now() - interval '5 seconds', true)
+SELECT last_id, attempts, coalesce(retry_at > now(), false),
+       coalesce(last_processed_at < now() - interval '5 seconds', true){watch}
   FROM consumer_offsets
  WHERE name = %s AND partition = %s
    FOR UPDATE SKIP LOCKED
 """
 
+# While the batch holds the row lock, the server should notice at once a
+# client host that is gone (no FIN: a power cut, a lost network), so that the
+# lock is released and another worker takes the partition: TCP keepalives
+# every second after a second of silence, a limit on unacknowledged data, and
+# checks of the socket while a statement runs (PostgreSQL 14+). Set for the
+# batch transaction only (set_config(..., true)), in the statement that takes
+# the lock (no extra round trip); the database restores the previous values at
+# COMMIT or ROLLBACK. Only the list's target values vary.
+_WATCH_CLIENT = """,
+       set_config('tcp_keepalives_idle', '1', true),
+       set_config('tcp_keepalives_interval', '1', true),
+       set_config('tcp_keepalives_count', %s, true),
+       set_config('tcp_user_timeout', %s, true),
+       set_config('client_connection_check_interval', '1000', true)"""
 
-def lock_offset(using: str, name: str, partition: int) -> OffsetRow | None:
+
+def lock_offset(
+    using: str, name: str, partition: int, *, lost_after: float = 0.0
+) -> OffsetRow | None:
     """Lock a consumer partition's offset row until the caller's transaction ends.
+
+    Args:
+        lost_after: when positive, for the rest of the transaction the server
+            ends this session once its client has not answered for about this
+            many seconds (a host that vanished without closing its
+            connections), which releases the lock. 0 leaves the server's
+            settings alone.
 
     Returns:
         The row, or None when another worker holds it (or it does not exist).
     """
+    params: list[Any] = []
+    watch = ""
+    if lost_after > 0:
+        seconds = max(1, round(lost_after))
+        watch = _WATCH_CLIENT
+        params += [str(max(1, seconds - 1)), str(seconds * 1000)]
     with connections[using].cursor() as cursor:
-        cursor.execute(_LOCK_OFFSET, [name, partition])
+        cursor.execute(_LOCK_OFFSET.format(watch=watch), [*params, name, partition])
         row = cursor.fetchone()
     if row is None:
         return None
-    last_xid, last_id, attempts, waiting, stale = row
-    return OffsetRow((int(last_xid), last_id), attempts, waiting, stale)
+    last_id, attempts, waiting, stale = row[:4]
+    return OffsetRow(last_id, attempts, waiting, stale)
 
 
 # Hand-written: once per batch on the consumer's hot path; retry_at is taken
 # from the database clock.
 _ADVANCE_OFFSET = """
 UPDATE consumer_offsets
-   SET last_xid = %s::xid8, last_id = %s, last_processed_at = now(),
+   SET last_id = %s, last_processed_at = now(),
        attempts = %s, retry_at = now() + make_interval(secs => %s), last_error = %s
  WHERE name = %s AND partition = %s
 """
@@ -430,7 +466,7 @@ def advance_offset(
     using: str,
     name: str,
     partition: int,
-    position: tuple[int, int],
+    position: int,
     failure: HeadFailure | None = None,
 ) -> None:
     """Move a consumer partition to ``position``, recording (or clearing) its head's failure."""
@@ -441,7 +477,7 @@ def advance_offset(
     with connections[using].cursor() as cursor:
         cursor.execute(
             _ADVANCE_OFFSET,
-            [str(position[0]), position[1], attempts, retry_in, error, name, partition],
+            [position, attempts, retry_in, error, name, partition],
         )
 
 
@@ -449,11 +485,8 @@ def reader_positions(using: str) -> list[ReaderPosition]:
     """Every reader's position (all consumer partitions and relays)."""
     from outbox.models import ConsumerOffset
 
-    rows = ConsumerOffset.objects.using(using).values_list(
-        "name", "partition", "last_xid", "last_id"
-    )
-    return [ReaderPosition(name, partition, (int(xid), int(last_id)))
-            for name, partition, xid, last_id in rows]
+    rows = ConsumerOffset.objects.using(using).values_list("name", "partition", "last_id")
+    return [ReaderPosition(name, partition, int(last_id)) for name, partition, last_id in rows]
 
 
 # -- the relay's lease --------------------------------------------------------
@@ -465,19 +498,31 @@ UPDATE consumer_offsets
    SET lease_owner = %s, lease_until = now() + make_interval(secs => %s)
  WHERE name = %s AND partition = 0
    AND (lease_owner = %s OR lease_until IS NULL OR lease_until < now())
-RETURNING last_xid::text, last_id
+RETURNING last_id
+"""
+
+# Hand-written: extends the lease only while it is still this owner's. The
+# commit does not wait for the WAL flush (set for this statement's own
+# transaction): a renewal lost in a crash costs nothing, since everyone
+# reconnects after one, and a slow flush must not make a live relay miss its
+# renewal. The lease decides who works, never what is delivered: the
+# compare-and-set below is the fence.
+_RENEW_LEASE = """
+UPDATE consumer_offsets
+   SET lease_until = now() + make_interval(secs => %s)
+  FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async
+ WHERE name = %s AND partition = 0 AND lease_owner = %s
 """
 
 # Hand-written: a compare-and-set on the old position and the lease owner.
 _ADVANCE_LEASED = """
 UPDATE consumer_offsets
-   SET last_xid = %s::xid8, last_id = %s, last_processed_at = now()
- WHERE name = %s AND partition = 0
-   AND last_xid = %s::xid8 AND last_id = %s AND lease_owner = %s
+   SET last_id = %s, last_processed_at = now()
+ WHERE name = %s AND partition = 0 AND last_id = %s AND lease_owner = %s
 """
 
 
-def claim_lease(using: str, name: str, owner: str, seconds: float) -> tuple[int, int] | None:
+def claim_lease(using: str, name: str, owner: str, seconds: float) -> int | None:
     """Take or renew the lease on the offset row ``name`` for ``seconds``.
 
     Creates the row (at the start of the outbox) if it is missing. Each
@@ -496,23 +541,28 @@ def claim_lease(using: str, name: str, owner: str, seconds: float) -> tuple[int,
                 row = cursor.fetchone()
     if row is None:
         return None
-    last_xid, last_id = row
-    return (int(last_xid), int(last_id))
+    return int(row[0])
 
 
-def advance_leased(
-    using: str, name: str, owner: str, expected: tuple[int, int], position: tuple[int, int]
-) -> bool:
+def renew_lease(using: str, name: str, owner: str, seconds: float) -> bool:
+    """Extend ``owner``'s lease on the offset row ``name`` to ``seconds`` from now.
+
+    Returns:
+        False when the lease is no longer ``owner``'s (another relay took it).
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute(_RENEW_LEASE, [seconds, name, owner])
+        return cursor.rowcount == 1
+
+
+def advance_leased(using: str, name: str, owner: str, expected: int, position: int) -> bool:
     """Move the offset row ``name`` from ``expected`` to ``position`` if ``owner`` holds its lease.
 
     Returns:
         False when the row was not at ``expected`` or the lease is another's.
     """
     with connections[using].cursor() as cursor:
-        cursor.execute(
-            _ADVANCE_LEASED,
-            [str(position[0]), position[1], name, str(expected[0]), expected[1], owner],
-        )
+        cursor.execute(_ADVANCE_LEASED, [position, name, expected, owner])
         return cursor.rowcount == 1
 
 
@@ -615,14 +665,14 @@ def record_redrive_failure(using: str, tenant_id: int, row_id: int, error: str) 
 # -- retention ----------------------------------------------------------------
 
 # Hand-written: a bounded batch along the delivery index, up to a position
-# (DELETE has no LIMIT; the row comparison on xid8 has no ORM lookup).
+# (DELETE has no LIMIT).
 _DELETE_PASSED = """
 DELETE FROM outbox_messages
  WHERE (tenant_id, id) IN (
         SELECT tenant_id, id FROM outbox_messages
-         WHERE (xid, id) <= (%s::xid8, %s)
+         WHERE id <= %s
            AND created_at < now() - make_interval(secs => %s)
-         ORDER BY xid, id
+         ORDER BY id
          LIMIT %s)
 """
 
@@ -636,16 +686,14 @@ DELETE FROM outbox_received
 """
 
 
-def delete_passed_messages(
-    using: str, upto: tuple[int, int], older_than: float, limit: int
-) -> int:
+def delete_passed_messages(using: str, upto: int, older_than: float, limit: int) -> int:
     """Delete up to ``limit`` messages at or below ``upto`` and older than ``older_than`` seconds.
 
     Returns:
         How many were deleted (fewer than ``limit``: none is left).
     """
     with connections[using].cursor() as cursor:
-        cursor.execute(_DELETE_PASSED, [str(upto[0]), upto[1], older_than, limit])
+        cursor.execute(_DELETE_PASSED, [upto, older_than, limit])
         return cursor.rowcount
 
 
@@ -662,11 +710,10 @@ def delete_received(using: str, tenant_id: int, older_than: float, limit: int) -
 
 # -- status -------------------------------------------------------------------
 
-# Hand-written: a row comparison on xid8 per reader, counted below the fence.
+# Hand-written: a count per reader along the delivery index, below the fence.
 _READER_LAGS = """
-SELECT o.name, o.partition, o.partition_count, o.last_xid::text, o.last_id,
-       (SELECT count(*) FROM outbox_messages m
-         WHERE (m.xid, m.id) > (o.last_xid, o.last_id) AND m.xid < %s::xid8),
+SELECT o.name, o.partition, o.partition_count, o.last_id,
+       (SELECT count(*) FROM outbox_messages m WHERE m.id > o.last_id AND m.id < %s),
        now() - o.last_processed_at, o.attempts, o.last_error
   FROM consumer_offsets o
  ORDER BY o.name, o.partition
@@ -676,11 +723,11 @@ SELECT o.name, o.partition, o.partition_count, o.last_xid::text, o.last_id,
 def reader_lags(using: str, fence: int) -> list[ReaderLag]:
     """Every reader, with how many messages below ``fence`` it has still to pass."""
     with connections[using].cursor() as cursor:
-        cursor.execute(_READER_LAGS, [str(fence)])
+        cursor.execute(_READER_LAGS, [fence])
         rows = cursor.fetchall()
     return [
-        ReaderLag(name, partition, count, (int(xid), last_id), behind, age, attempts, error)
-        for name, partition, count, xid, last_id, behind, age, attempts, error in rows
+        ReaderLag(name, partition, count, last_id, behind, age, attempts, error)
+        for name, partition, count, last_id, behind, age, attempts, error in rows
     ]
 
 
@@ -692,58 +739,64 @@ def count_messages(using: str) -> int:
 
 
 def count_held_back(using: str, fence: int) -> int:
-    """Committed messages at or above ``fence``: waiting for an older transaction to end."""
-    # Hand-written: compares with the fence as xid8.
-    with connections[using].cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM outbox_messages WHERE xid >= %s::xid8", [str(fence)])
-        return int(cursor.fetchone()[0])
+    """Committed messages at or above ``fence``: waiting for a publisher in flight to end."""
+    from outbox.models import OutboxMessage
+
+    return OutboxMessage.objects.using(using).filter(id__gte=fence).count()
 
 
-def oldest_unpassed_age(using: str, after: tuple[int, int]) -> timedelta | None:
+def oldest_unpassed_age(using: str, after: int) -> timedelta | None:
     """The age of the first message after ``after`` (None: there is none)."""
-    # Hand-written: the first row after a position, along the (xid, id) index,
+    # Hand-written: the first row after a position, along the delivery index,
     # aged by the database clock.
     with connections[using].cursor() as cursor:
         cursor.execute(
             "SELECT now() - min(created_at) FROM (SELECT created_at FROM outbox_messages"
-            " WHERE (xid, id) > (%s::xid8, %s) ORDER BY xid, id LIMIT 1) AS first",
-            [str(after[0]), after[1]],
+            " WHERE id > %s ORDER BY id LIMIT 1) AS first",
+            [after],
         )
         age: timedelta | None = cursor.fetchone()[0]
         return age
 
 
-# Hand-written: the server's catalogs. pg_locks shows every backend's own
-# transaction-id lock to every role; pg_stat_activity shows other roles'
-# details only to pg_read_all_stats. A transaction id lock holds the low 32
-# bits of the 64-bit fence.
+# Hand-written: the server's catalogs. The publisher with the lowest bound is
+# found by its lock, as outbox_fence() finds it (pg_locks shows every
+# backend's locks to every role); pg_stat_activity shows other roles' details
+# only to pg_read_all_stats. A prepared transaction has no backend: its
+# transaction-id lock, under the same virtual transaction, leads to its gid.
 _BLOCKER = """
-SELECT l.pid, %s::bigint, now() - a.xact_start, a.state, a.query, a.datname, a.usename
-  FROM pg_locks l
-  LEFT JOIN pg_stat_activity a ON a.pid = l.pid
- WHERE l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock' AND l.granted
-   AND l.transactionid::text::bigint = (%s::bigint %% 4294967296)
- LIMIT 1
+WITH publisher AS (
+    SELECT l.pid, l.virtualtransaction,
+           ((l.classid::bigint & 65535) << 32) | l.objid::bigint AS bound
+      FROM pg_locks AS l
+     WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted
+       AND l.classid::bigint >> 16 = 28514
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+     ORDER BY bound, l.pid NULLS FIRST
+     LIMIT 1
+)
+SELECT p.pid, p.bound,
+       coalesce(now() - a.xact_start, now() - x.prepared),
+       CASE WHEN p.pid IS NULL THEN 'prepared' ELSE a.state END,
+       coalesce(a.query, x.gid), coalesce(a.datname, x.database), coalesce(a.usename, x.owner)
+  FROM publisher AS p
+  LEFT JOIN pg_stat_activity AS a ON a.pid = p.pid
+  LEFT JOIN pg_locks AS t
+         ON p.pid IS NULL AND t.pid IS NULL AND t.locktype = 'transactionid'
+        AND t.virtualtransaction = p.virtualtransaction
+  LEFT JOIN pg_prepared_xacts AS x ON x.transaction = t.transactionid
 """
 
-_PREPARED_BLOCKER = """
-SELECT NULL::int, %s::bigint, now() - prepared, 'prepared', gid, database, owner
-  FROM pg_prepared_xacts WHERE transaction::text::bigint = (%s::bigint %% 4294967296)
-"""
 
-
-def find_blocker(using: str, fence: int) -> Blocker | None:
-    """The open (or prepared) transaction whose id is ``fence``, if it is still there."""
+def find_blocker(using: str) -> Blocker | None:
+    """The publishing transaction in flight with the lowest bound, if there is one."""
     with connections[using].cursor() as cursor:
-        cursor.execute(_BLOCKER, [fence, fence])
+        cursor.execute(_BLOCKER)
         row = cursor.fetchone()
-        if row is None:
-            cursor.execute(_PREPARED_BLOCKER, [fence, fence])
-            row = cursor.fetchone()
     if row is None:
         return None
-    pid, xid, age, state, query, database, user = row
-    return Blocker(pid, int(xid), age, state, query, database, user)
+    pid, bound, age, state, query, database, user = row
+    return Blocker(pid, int(bound), age, state, query, database, user)
 
 
 # -- receivers ----------------------------------------------------------------

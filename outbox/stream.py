@@ -28,12 +28,14 @@ class Message:
     """One outbox message as readers and handlers see it.
 
     Attributes:
-        id: the row's id, unique per tenant and increasing in insert order.
+        id: the row's id, unique across tenants and increasing in insert
+            order; readers follow the stream in id order, so it is also the
+            message's position.
         message_id: a UUID unique to this message; receivers de-duplicate by it.
         tenant_id: the tenant that published it; handlers run as this tenant.
         topic: what happened, e.g. ``"order.created"``.
         key: the ordering key (messages with one key reach a consumer in order).
-        xid: the publishing transaction's id (the first half of the position).
+        xid: the publishing transaction's id (for people; it orders nothing).
     """
 
     id: int
@@ -49,8 +51,9 @@ class Message:
     xid: int = 0
 
     @property
-    def position(self) -> tuple[int, int]:
-        return (self.xid, self.id)
+    def position(self) -> int:
+        """Where a reader that passed this message stands: its id."""
+        return self.id
 
     def envelope(self) -> dict[str, Any]:
         """The message as a JSON-serialisable dict (what the Celery transport sends).
@@ -93,7 +96,8 @@ class Envelope:
     stored (numbers are not rounded through a Python float).
 
     Attributes:
-        id, xid: the position of the message.
+        id: the message's id, its position in the stream.
+        xid: the publishing transaction's id.
         message_id: the message's UUID as text.
         topic: its topic (transports route by it).
         json: the envelope as JSON text.
@@ -106,8 +110,8 @@ class Envelope:
     json: str
 
     @property
-    def position(self) -> tuple[int, int]:
-        return (self.xid, self.id)
+    def position(self) -> int:
+        return self.id
 
     def data(self) -> dict[str, Any]:
         """The envelope as a dict, as :meth:`Message.envelope` returns it."""
@@ -125,25 +129,22 @@ class Envelope:
 
 M = TypeVar("M", Message, Envelope)
 
-#: The largest message id (a bigint): with the fence, the position just below it.
-MAX_ID = 2**63 - 1
-
 
 @dataclass(frozen=True)
 class Batch(Generic[M]):
-    """Messages read in one statement, and the fence of that statement's snapshot.
+    """Messages read in one round trip, and the fence they were read below.
 
     Attributes:
-        messages: in ``(xid, id)`` order.
-        fence: ``pg_snapshot_xmin`` of the snapshot: every transaction with a
-            smaller id had ended, so no message below it can still appear.
+        messages: in id order.
+        fence: the first id that was not readable: no message with a smaller
+            id can still appear (:func:`outbox.store.read_batch` says why).
     """
 
     messages: list[M]
     fence: int
 
     @property
-    def passed(self) -> tuple[int, int]:
+    def passed(self) -> int:
         """The position just below the fence.
 
         A reader that asked for ``limit`` messages and got fewer has seen
@@ -151,4 +152,4 @@ class Batch(Generic[M]):
         when none matched its topics or partition (else a consumer of a rare
         topic would pin retention, and re-scan the same rows on every poll).
         """
-        return (self.fence - 1, MAX_ID)
+        return self.fence - 1

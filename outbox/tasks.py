@@ -26,7 +26,11 @@ def relay() -> int:
     """Relay every committed message to the transport; return how many."""
     from outbox.relay import Relay
 
-    return Relay().drain()
+    relay = Relay()
+    try:
+        return relay.drain()
+    finally:
+        relay.release()  # the next run (a new Relay) may start at once
 
 
 @shared_task(name="outbox.run_consumers", ignore_result=True)

@@ -61,5 +61,9 @@ def relay_pending(transport: Transport | None = None, name: str = "test") -> lis
     from outbox.relay import Relay
 
     memory = transport if transport is not None else InMemoryTransport()
-    Relay(memory, name=name).drain()
+    relay = Relay(memory, name=name)
+    try:
+        relay.drain()
+    finally:
+        relay.release()  # so that the next call relays at once
     return list(memory.sent) if isinstance(memory, InMemoryTransport) else []

@@ -101,23 +101,22 @@ def drain(consumer: Consumer, until: Callable[[], bool] = lambda: True) -> int:
             time.sleep(0.05)
 
 
-def offset(name: str, partition: int = 0) -> tuple[int, int, int]:
-    """(last_xid, last_id, attempts) of a reader, as the observer sees it."""
+def offset(name: str, partition: int = 0) -> tuple[int, int]:
+    """(last_id, attempts) of a reader, as the observer sees it."""
     with observer() as conn:
         row = conn.execute(
-            "SELECT last_xid::text::bigint, last_id, attempts FROM consumer_offsets"
-            " WHERE name = %s AND partition = %s",
+            "SELECT last_id, attempts FROM consumer_offsets WHERE name = %s AND partition = %s",
             [name, partition],
         ).fetchone()
     return row
 
 
-def message_position(message_id: uuid.UUID) -> tuple[int, int]:
+def message_position(message_id: uuid.UUID) -> int:
+    """A message's position in the stream: its id."""
     with observer() as conn:
         return conn.execute(
-            "SELECT xid::text::bigint, id FROM outbox_messages WHERE message_id = %s",
-            [message_id],
-        ).fetchone()
+            "SELECT id FROM outbox_messages WHERE message_id = %s", [message_id]
+        ).fetchone()[0]
 
 
 class Process:

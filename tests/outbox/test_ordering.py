@@ -3,8 +3,10 @@
 Transaction 1 takes a message id and stays open; transaction 2 takes a higher
 id and commits. A reader of ``WHERE id > last_processed_id`` (the reference
 snippet's consumer) reads id 2, moves past it, and never sees id 1 when
-transaction 1 commits. The library's readers order by ``(xid, id)`` below the
-oldest running transaction, so both messages are handled, once.
+transaction 1 commits. The library's readers follow ids in order below the
+publisher fence (no id at or above the lowest bound of a transaction still
+publishing), so both messages are handled, once, and a transaction that
+published nothing holds nothing back.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from django.db import connections
 from outbox.relay import Relay
 from outbox.testing import InMemoryTransport
 from tenancy.aliases import system_alias
-from tests.helpers import two_connections
+from tests.helpers import observer, two_connections
 from tests.outbox.consumers import OrderRecorder
-from tests.outbox.helpers import drain, effects, raw_publish
+from tests.outbox.helpers import drain, effects, raw_publish, wait_for
 
 A, B = 1, 2
 
@@ -78,8 +80,33 @@ def test_the_relay_sends_out_of_order_commits_exactly_once():
                 _, second = raw_publish(t2, B, "order.placed", {"sku": "second"})
             relay.drain()
             assert memory.sent == []
-        from tests.outbox.helpers import wait_for
-
         wait_for(lambda: relay.drain() >= 0 and len(memory.sent) == 2, "both messages relayed")
     relay.drain()
-    assert memory.message_ids == [str(first), str(second)]  # (xid, id) order
+    assert memory.message_ids == [str(first), str(second)]  # id order
+
+
+def test_out_of_order_commits_beside_an_unrelated_long_transaction_are_each_delivered_once():
+    """The unrelated transaction (it wrote, so it has an xid) is open throughout:
+    the first message waits only for its own transaction, not for it."""
+    consumer = OrderRecorder()
+    memory = InMemoryTransport()
+    relay = Relay(memory, name="test")
+    with observer() as unrelated, two_connections() as (t1, t2):
+        unrelated.execute("BEGIN")
+        unrelated.execute("CREATE TEMP TABLE long_work (n int); INSERT INTO long_work VALUES (1)")
+        with t1.transaction():
+            _, first = raw_publish(t1, A, "order.placed", {"sku": "first"})
+            with t2.transaction():
+                _, second = raw_publish(t2, B, "order.placed", {"sku": "second"})
+            drain(consumer)
+            relay.drain()
+            assert effects() == {} and memory.sent == []  # the second waits for the first
+        drain(consumer, until=lambda: len(effects()) == 2)
+        wait_for(lambda: relay.drain() >= 0 and len(memory.sent) == 2, "both relayed")
+        assert unrelated.execute(
+            "SELECT pg_current_xact_id_if_assigned() IS NOT NULL").fetchone()[0]  # still open
+        unrelated.execute("ROLLBACK")
+    drain(consumer)
+    relay.drain()
+    assert effects() == {str(first): 1, str(second): 1}
+    assert memory.message_ids == [str(first), str(second)]

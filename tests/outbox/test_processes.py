@@ -188,12 +188,12 @@ def test_a_relay_killed_between_publish_and_offset_advance_resends_and_the_recei
     assert dying.popen.wait(120) == -signal.SIGKILL
     dying.kill()
     assert queue_length(queue) == 5  # published...
-    assert offset("relay:default")[:2] == (0, 0)  # ...but the offset never moved
+    assert offset("relay:default")[0] == 0  # ...but the offset never moved
     # A new relay takes over once the dead one's lease has run out.
     again = Process.manage("relay_outbox", log=tmp_path / "relay.log", env=env)
     try:
         wait_for(lambda: queue_length(queue) == 10, "the batch published a second time")
-        wait_for(lambda: offset("relay:default")[1] > 0, "the new relay's offset to advance")
+        wait_for(lambda: offset("relay:default")[0] > 0, "the new relay's offset to advance")
         assert again.stop() == 0
     finally:
         again.kill()

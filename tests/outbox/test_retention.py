@@ -78,7 +78,7 @@ def test_retention_waits_for_every_partition(settings):
                  key=lambda p: p["sku"])
     drain(PartitionedRecorder(), until=lambda: len(effects()) == 8)
     with observer() as conn:  # one partition falls back to the start
-        conn.execute("UPDATE consumer_offsets SET last_xid = '0', last_id = 0"
+        conn.execute("UPDATE consumer_offsets SET last_id = 0"
                      " WHERE name = 'orders-partitioned' AND partition = 0")
     age_everything()
     assert reap().messages == 0

@@ -34,3 +34,10 @@ def test_tenant_id_leads_every_index_but_the_documented_delivery_index():
 
 def test_the_model_reads_xid8():
     assert OutboxMessage._meta.get_field("xid").db_type(app_connection()) == "xid8"
+
+
+def test_the_delivery_index_serves_the_id_order():
+    with app_connection().cursor() as cursor:
+        cursor.execute("SELECT pg_get_indexdef('outbox_messages_delivery'::regclass)")
+        definition = cursor.fetchone()[0]
+    assert definition.endswith("USING btree (id)"), definition

@@ -77,3 +77,33 @@ def test_status_says_so_when_every_reader_is_up_to_date(capsys):
     out = capsys.readouterr().out
     assert "oldest message not passed by every reader: none, every reader is up to date" in out
     assert "- old" not in out
+
+
+def test_status_names_the_publisher_with_the_lowest_bound(system_reads_all_stats, capsys):
+    from tests.outbox.helpers import publish_as
+
+    publish_as(A, "order.placed", {"sku": "committed"})
+    with connect() as first, connect() as second, observer() as unrelated:
+        unrelated.execute("BEGIN")
+        unrelated.execute("CREATE TEMP TABLE t (n int); INSERT INTO t VALUES (1)")  # an xid
+        first.execute("BEGIN")
+        raw_publish(first, A, "order.placed", {"sku": "first"})
+        first.execute("SELECT 'the first publisher'")
+        first_pid = first.info.backend_pid
+        second.execute("BEGIN")
+        raw_publish(second, A, "order.placed", {"sku": "second"})
+        publish_many(A, "order.placed", [{"sku": "behind"}])
+        s = status()
+        assert s.blocker.pid == first.info.backend_pid
+        assert "the first publisher" in s.blocker.query
+        assert s.blocker.state == "idle in transaction" and s.blocker.age is not None
+        assert s.held_back == 1
+        assert s.fence == s.blocker.bound + 1
+        call_command("outbox_status")
+        first.execute("ROLLBACK")
+        assert status().blocker.pid == second.info.backend_pid
+        second.execute("ROLLBACK")
+        assert status().blocker is None and status().held_back == 0
+    out = capsys.readouterr().out
+    assert f"pid {first_pid} bound {s.blocker.bound}" in out
+    assert "held back by an open transaction that published: 1 message(s)" in out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Sequence
 
 from outbox.stream import Message
@@ -17,3 +18,12 @@ class DieAfterSend(CeleryTransport):
     def send(self, messages: Sequence[Message]) -> None:
         super().send(messages)
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SlowSend(CeleryTransport):
+    """Publishes each batch to the real broker after $DIO_SEND_DELAY seconds: a
+    broker call that takes far longer than the relay's lease."""
+
+    def send(self, messages: Sequence[Message]) -> None:
+        time.sleep(float(os.environ.get("DIO_SEND_DELAY", "0")))
+        super().send(messages)

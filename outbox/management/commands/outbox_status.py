@@ -21,7 +21,7 @@ def _age(value: timedelta | None) -> str:
 class Command(BaseCommand):
     help = (
         "Show the outbox's health: lag per consumer and partition, the oldest message "
-        "not yet passed, parked messages, and the open transaction holding delivery back."
+        "not yet passed, parked messages, and the publishing transaction holding delivery back."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -35,7 +35,7 @@ class Command(BaseCommand):
         except DatabaseError as exc:
             raise CommandError(f"could not read the outbox: {exc}".splitlines()[0]) from exc
         out = self.stdout.write
-        out(f"messages: {s.messages}   fence (oldest running xid): {s.fence}")
+        out(f"messages: {s.messages}   fence (first id not readable yet): {s.fence}")
         if s.oldest_unpassed_age is not None:
             out(f"oldest message not passed by every reader: {_age(s.oldest_unpassed_age)} old")
         elif s.readers:
@@ -52,12 +52,16 @@ class Command(BaseCommand):
         parked = sum(s.parked.values())
         detail = ", ".join(f"{k}: {v}" for k, v in sorted(s.parked.items()))
         out(f"parked: {parked}" + (f" ({detail})" if detail else ""))
-        if s.held_back:
-            out(f"held back by an open transaction: {s.held_back} message(s)")
-            b = s.blocker
-            if b is not None:
+        b = s.blocker
+        if s.held_back or b is not None:
+            out(f"held back by an open transaction that published: {s.held_back} message(s)")
+        if b is not None:
+            if b.pid is None:
+                out(f"  prepared transaction {b.query!r} bound {b.bound} age {_age(b.age)} "
+                    f"db {b.database} user {b.user}: COMMIT PREPARED or ROLLBACK PREPARED it")
+            else:
                 query = " ".join((b.query or "(hidden: grant pg_read_all_stats)").split())[:200]
                 out(
-                    f"  pid {b.pid} xid {b.xid} age {_age(b.age)} db {b.database} "
+                    f"  pid {b.pid} bound {b.bound} age {_age(b.age)} db {b.database} "
                     f"user {b.user} state {b.state}: {query}"
                 )

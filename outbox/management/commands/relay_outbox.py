@@ -27,7 +27,10 @@ class Command(BaseCommand):
             relay = Relay(options["transport"], name=options["name"],
                           batch_size=options["batch_size"])
             if options["once"]:
-                sent = relay.drain()
+                try:
+                    sent = relay.drain()
+                finally:
+                    relay.release()
             else:
                 self.stdout.write(f"relay {relay.name}: running (SIGTERM to stop)")
                 relay.run()

@@ -1,0 +1,76 @@
+"""System checks: is the outbox's fence still sound in this database?
+
+The fence (docs/guarantees.md) rests on two facts the database could be
+talked out of after the migration created them: message ids come from
+``outbox_next_id()`` (which marks the writing transaction as a publisher in
+flight), and its sequence hands out increasing values across sessions (no
+values cached per session, no cycling, a positive increment). ``manage.py
+check --database <alias>`` (and ``migrate``) verifies both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.conf import settings
+from django.core import checks
+from django.db import DatabaseError, connections
+
+# Catalog queries only: the sequence's parameters and the id column's default.
+_FACTS = """
+SELECT s.seqcache, s.seqincrement, s.seqcycle,
+       (SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef AS d
+         WHERE d.adrelid = 'outbox_messages'::regclass
+           AND d.adnum = (SELECT attnum FROM pg_attribute
+                           WHERE attrelid = 'outbox_messages'::regclass AND attname = 'id'))
+  FROM pg_sequence AS s
+ WHERE s.seqrelid = to_regclass('outbox_message_ids')
+"""
+
+
+def register() -> None:
+    checks.register(check_fence, checks.Tags.database)
+
+
+def check_fence(
+    app_configs: Any = None, databases: Sequence[str] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    errors: list[checks.CheckMessage] = []
+    for alias in databases or ():
+        if alias not in settings.DATABASES:
+            continue
+        if "postgresql" not in settings.DATABASES[alias].get("ENGINE", ""):
+            continue  # tenancy.E005 reports it
+        try:
+            with connections[alias].cursor() as cursor:
+                cursor.execute(_FACTS)
+                row = cursor.fetchone()
+        except DatabaseError:
+            continue  # not migrated yet (tenancy.E010 reports a database it cannot inspect)
+        if row is None:
+            continue  # before the outbox's migration 0003
+        cache, increment, cycle, default = row
+        if cache != 1 or increment <= 0 or cycle:
+            errors.append(
+                checks.Error(
+                    f"Database {alias!r}: the sequence outbox_message_ids has CACHE {cache}, "
+                    f"INCREMENT {increment}, {'CYCLE' if cycle else 'NO CYCLE'}: ids would not "
+                    "increase across sessions, and readers could skip messages committed late.",
+                    hint="ALTER SEQUENCE outbox_message_ids CACHE 1 INCREMENT 1 NO CYCLE; "
+                    "(docs/guarantees.md).",
+                    id="outbox.E001",
+                )
+            )
+        if default != "outbox_next_id()":
+            errors.append(
+                checks.Error(
+                    f"Database {alias!r}: the default of outbox_messages.id is {default!r}, "
+                    "not outbox_next_id(): new messages would not hold the readers' fence, "
+                    "and readers could skip messages committed late.",
+                    hint="ALTER TABLE outbox_messages ALTER COLUMN id SET DEFAULT "
+                    "outbox_next_id(); (docs/guarantees.md).",
+                    id="outbox.E002",
+                )
+            )
+    return errors

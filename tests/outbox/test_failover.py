@@ -1,0 +1,238 @@
+"""Failover: a relay or consumer that dies is replaced within about a second; a
+slow one is never displaced; a clean stop hands over at once.
+
+Real processes (``manage.py relay_outbox`` / ``run_consumers``) against the
+test database and Redis. The bounds asserted here are generous on purpose
+(timing is measured by ``make bench-outbox``); each test prints what it
+measured (``pytest -s``).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from base64 import b64decode
+from collections import Counter
+
+import redis
+from django.conf import settings as django_settings
+
+from tests.outbox.consumers import SlowRecorder
+from tests.outbox.helpers import (
+    Process,
+    effects,
+    message_position,
+    offset,
+    publish_many,
+    wait_for,
+)
+from tests.outbox.test_processes import SUBPROCESS_SETTINGS, queue, queue_length  # noqa: F401
+
+A = 1
+
+
+def queued_message_ids(name: str) -> Counter[str]:
+    """How often each outbox message id is in the Redis queue ``name``."""
+    client = redis.Redis.from_url(django_settings.CELERY_BROKER_URL)
+    try:
+        items = client.lrange(name, 0, -1)
+    finally:
+        client.close()
+    return Counter(json.loads(b64decode(json.loads(i)["body"]))[0][0]["message_id"]
+                   for i in items)
+
+
+def lease_owner_pid(name: str = "relay:default") -> int | None:
+    from tests.helpers import observer
+
+    with observer() as conn:
+        row = conn.execute("SELECT lease_owner FROM consumer_offsets WHERE name = %s"
+                           " AND lease_until > now()", [name]).fetchone()
+    return int(row[0].split(":")[1]) if row and row[0] else None
+
+
+def relayed(message_id) -> bool:
+    """Whether the relay's offset has passed ``message_id``."""
+    row = offset("relay:default")
+    return row is not None and row[0] >= message_position(message_id)
+
+
+def relay(tmp_path, label: str, queue: str, *args: str, **env: str) -> Process:  # noqa: F811
+    proc = Process.manage("relay_outbox", *args, log=tmp_path / f"{label}.log",
+                          env={**SUBPROCESS_SETTINGS, "DIO_CELERY_QUEUE": queue, **env})
+    proc.wait_output("running")
+    return proc
+
+
+def test_a_relay_killed_by_sigkill_is_replaced_by_a_waiting_one_within_seconds(
+    tmp_path, queue  # noqa: F811
+):
+    first = relay(tmp_path, "first", queue)
+    second = None
+    try:
+        ids = publish_many(A, "order.placed", [{"sku": f"a{i}"} for i in range(5)])
+        wait_for(lambda: relayed(ids[-1]), "relayed")
+        second = relay(tmp_path, "second", queue)
+        assert lease_owner_pid() == first.popen.pid
+        first.signal(signal.SIGKILL)
+        killed = time.monotonic()
+        assert first.popen.wait(60) == -signal.SIGKILL
+        ids += publish_many(A, "order.placed", [{"sku": f"b{i}"} for i in range(5)])
+        wait_for(lambda: queue_length(queue) == 10, "the waiting relay to take over")
+        took = time.monotonic() - killed
+        assert lease_owner_pid() == second.popen.pid
+        assert second.stop() == 0
+    finally:
+        first.kill()
+        if second is not None:
+            second.kill()
+    print(f"\nrelay replaced {took:.2f} s after SIGKILL (lease 1 s)")
+    assert took < 5.0
+    assert queued_message_ids(queue) == {str(i): 1 for i in ids}
+
+
+def test_a_relay_whose_broker_call_outlasts_its_lease_keeps_it(tmp_path, queue):  # noqa: F811
+    """Each batch takes three leases to send; the waiting relay never takes over."""
+    slow = relay(tmp_path, "slow", queue, "--transport", "tests.outbox.transports.SlowSend",
+                 "--batch-size", "2", DIO_SEND_DELAY="3")
+    waiting = None
+    owners: set[int | None] = set()
+    try:
+        wait_for(lambda: lease_owner_pid() == slow.popen.pid, "the slow relay's lease")
+        waiting = relay(tmp_path, "waiting", queue)
+        ids = publish_many(A, "order.placed", [{"sku": f"s{i}"} for i in range(4)])
+        started = time.monotonic()
+        while not relayed(ids[-1]):
+            owners.add(lease_owner_pid())
+            assert time.monotonic() - started < 60, "the slow relay did not finish"
+            time.sleep(0.05)
+        took = time.monotonic() - started
+        assert slow.stop() == 0 and waiting.stop() == 0
+    finally:
+        slow.kill()
+        if waiting is not None:
+            waiting.kill()
+    print(f"\nslow relay: 2 batches of 3 s each in {took:.1f} s, lease holders seen: {owners}")
+    assert owners == {slow.popen.pid}
+    assert queued_message_ids(queue) == {str(i): 1 for i in ids}  # no batch sent twice
+    assert "4 message(s) sent" in slow.output
+    assert "0 message(s) sent" in waiting.output
+    assert "lost" not in slow.output
+
+
+def test_a_relay_stopped_with_sigterm_hands_over_at_once(tmp_path, queue):  # noqa: F811
+    lease = {"DIO_RELAY_LEASE": "30"}  # a takeover by expiry would take 30 s
+    first = relay(tmp_path, "first", queue, **lease)
+    second = None
+    try:
+        ids = publish_many(A, "order.placed", [{"sku": "a"}])
+        wait_for(lambda: relayed(ids[-1]), "relayed")
+        second = relay(tmp_path, "second", queue, **lease)
+        assert first.stop() == 0
+        stopped = time.monotonic()
+        ids += publish_many(A, "order.placed", [{"sku": "b"}])
+        wait_for(lambda: queue_length(queue) == 2, "the second relay to take over")
+        took = time.monotonic() - stopped
+        assert second.stop() == 0
+    finally:
+        first.kill()
+        if second is not None:
+            second.kill()
+    print(f"\nrelay handed over {took:.2f} s after SIGTERM (lease 30 s)")
+    assert took < 10.0
+    assert queued_message_ids(queue) == {str(i): 1 for i in ids}
+
+
+def test_a_consumer_killed_mid_batch_is_replaced_by_a_running_one_within_seconds(tmp_path):
+    marker = tmp_path / "hanging"
+    ids = publish_many(A, "order.slow", [{"sku": f"s{i}"} for i in range(12)])
+    hanging = Process.manage(
+        "run_consumers", "orders-slow", log=tmp_path / "hanging.log",
+        env={**SUBPROCESS_SETTINGS, "DIO_HANG_ON": "s5", "DIO_HANG_MARKER": str(marker)},
+    )
+    other = None
+    try:
+        wait_for(marker.exists, "the first consumer to hang inside its batch")
+        other = Process.manage("run_consumers", "orders-slow", log=tmp_path / "other.log",
+                               env=SUBPROCESS_SETTINGS)
+        other.wait_output("running")
+        time.sleep(0.5)
+        assert effects() == {}  # the partition is locked by the hanging batch
+        hanging.signal(signal.SIGKILL)
+        killed = time.monotonic()
+        wait_for(lambda: len(effects()) == 12, "the running consumer to take the partition")
+        took = time.monotonic() - killed
+        assert other.stop() == 0
+    finally:
+        hanging.kill()
+        if other is not None:
+            other.kill()
+    print(f"\nconsumer partition taken over {took:.2f} s after SIGKILL")
+    assert took < 5.0
+    assert effects() == {str(i): 1 for i in ids}
+    assert SlowRecorder.name == "orders-slow"
+
+
+WATCHED = ("tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count",
+           "tcp_user_timeout", "client_connection_check_interval")
+
+
+class SessionRecorder(SlowRecorder):
+    """Records, from inside its batch, how the server watches the batch's connection."""
+
+    name = "session-recorder"
+    topics = None
+    seen: dict[str, str] = {}
+
+    def handle(self, message) -> None:
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            for setting in WATCHED:
+                cursor.execute(f"SHOW {setting}")
+                SessionRecorder.seen[setting] = cursor.fetchone()[0]
+
+
+def watched_now() -> dict[str, str]:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        values = {}
+        for setting in WATCHED:
+            cursor.execute(f"SHOW {setting}")
+            values[setting] = cursor.fetchone()[0]
+    return values
+
+
+def test_a_consumer_batch_has_the_server_watch_for_a_vanished_client(settings):
+    """TCP keepalives (read back from the socket by SHOW) for the batch only.
+
+    A host that vanishes without closing its connections (a power cut, a lost
+    network) cannot be simulated here; what PostgreSQL does with these
+    settings is its own documented behaviour.
+    """
+    from outbox.consumers import ensure_offsets, run_batch
+
+    publish_many(A, "anything", [{"sku": "x"}])
+    consumer = SessionRecorder()
+    ensure_offsets(consumer)
+    outside = watched_now()
+    wait_for(lambda: run_batch(consumer).handled == 1, "the batch")
+    assert SessionRecorder.seen == {
+        "tcp_keepalives_idle": "1", "tcp_keepalives_interval": "1",
+        "tcp_keepalives_count": "2", "tcp_user_timeout": "3000",  # ms
+        "client_connection_check_interval": "1s",
+    }
+    assert watched_now() == outside  # restored when the batch ends
+    assert outside["tcp_keepalives_idle"] != "1"
+    settings.OUTBOX = {**settings.OUTBOX, "CONSUMER_LOST_AFTER": 10}
+    SessionRecorder.seen = {}
+    publish_many(A, "anything", [{"sku": "y"}])
+    wait_for(lambda: run_batch(consumer).handled == 1, "the second batch")
+    assert SessionRecorder.seen["tcp_keepalives_count"] == "9"
+    assert SessionRecorder.seen["tcp_user_timeout"] == "10000"
+    settings.OUTBOX = {**settings.OUTBOX, "CONSUMER_LOST_AFTER": 0}
+    publish_many(A, "anything", [{"sku": "z"}])
+    wait_for(lambda: run_batch(consumer).handled == 1, "the third batch")
+    assert SessionRecorder.seen == {**outside}  # 0: the server's own settings
