@@ -101,18 +101,36 @@ def raises_rls_violation():
     return pytest.raises(psycopg.errors.InsufficientPrivilege, match="row-level security")
 
 
+def superuser(database: str | None = None) -> psycopg.Connection:
+    """A direct superuser session (autocommit) on ``database`` (default: the test database).
+
+    Direct even when the app alias is pooled: it goes where the owner alias
+    goes, the one alias that is never behind pgbouncer.
+    """
+    import os
+
+    db = settings.DATABASES["owner"]
+    socket_dir = os.environ.get("DIO_PGSOCKET") or db["HOST"]
+    return psycopg.connect(host=socket_dir, port=db["PORT"], user="postgres",
+                           dbname=database or db["NAME"], autocommit=True)
+
+
 def observer() -> psycopg.Connection:
     """A superuser connection for assertions only: it sees every tenant's rows.
 
     The code under test never uses it; it stands outside, counting.
     """
-    import os
+    return superuser()
 
-    db = settings.DATABASES["owner"]  # the one alias that is never pooled
-    socket_dir = os.environ.get("DIO_PGSOCKET") or db["HOST"]
-    return psycopg.connect(
-        host=socket_dir, port=db["PORT"], user="postgres", dbname=db["NAME"], autocommit=True
-    )
+
+def server_pid(conn: psycopg.Connection) -> int:
+    """The PID of the server process serving ``conn``'s current transaction.
+
+    Not ``conn.info.backend_pid``: behind pgbouncer that is the pooler's
+    number, not a server's. Inside a transaction the pooler keeps one server
+    session, so this is the PID that pg_locks and pg_stat_activity show.
+    """
+    return conn.execute("SELECT pg_backend_pid()").fetchone()[0]
 
 
 def count_rows(table: str, where: str = "TRUE") -> int:

@@ -10,7 +10,6 @@ after it. docs/guarantees.md has the argument; these tests hold it to account.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -27,7 +26,7 @@ from outbox.status import status
 from outbox.store import read_batch
 from outbox.testing import InMemoryTransport
 from tenancy import tenant_context
-from tests.helpers import connect, observer
+from tests.helpers import connect, observer, server_pid, superuser
 from tests.outbox.consumers import OrderRecorder
 from tests.outbox.helpers import (
     drain,
@@ -92,14 +91,7 @@ def unrelated_transaction(database: str | None = None) -> Iterator[psycopg.Conne
     On the test database, or on another database of the same server (the
     old fence counted every transaction on the server).
     """
-    if database is None:
-        conn = observer()
-    else:
-        db = connections["default"].settings_dict
-        conn = psycopg.connect(host=os.environ.get("DIO_PGSOCKET") or db["HOST"],
-                               port=db["PORT"], user="postgres", dbname=database,
-                               autocommit=True)
-    with conn:
+    with superuser(database) as conn:
         conn.execute("BEGIN")
         conn.execute("CREATE TEMP TABLE unrelated_work (n int)")
         conn.execute("INSERT INTO unrelated_work VALUES (1)")
@@ -304,7 +296,7 @@ def test_a_publisher_holds_one_lock_naming_a_bound_below_its_ids_until_it_ends()
         first = raw_publish(conn, A, "t", {})[0]
         second = raw_publish(conn, A, "t", {})[0]
         [(pid, bound)] = publisher_locks()
-        assert pid == conn.info.backend_pid
+        assert pid == server_pid(conn)
         assert bound < first < second
         assert connect_fence() == bound + 1
         conn.execute("COMMIT")
@@ -342,35 +334,13 @@ def test_the_reader_refuses_a_snapshot_isolation_that_would_reuse_its_snapshot()
 def prepared_transactions():
     """Two-phase commit on the private cluster: max_prepared_transactions > 0.
 
-    scripts/services starts PostgreSQL with the default, 0. If so, this sets it
-    (ALTER SYSTEM, as the superuser) and restarts the server with pg_ctl, as
-    the account that owns its data directory, keeping its other options; the
-    setting then stays for later runs of this cluster.
+    scripts/services starts PostgreSQL with 8; a cluster started by an older
+    checkout has 0 until it is restarted.
     """
-    import pwd
-    import subprocess
-
     with observer() as conn:
-        if int(conn.execute("SHOW max_prepared_transactions").fetchone()[0]) > 0:
-            yield
-            return
-        data = conn.execute("SHOW data_directory").fetchone()[0]
-        bindir = conn.execute("SELECT setting FROM pg_config WHERE name = 'BINDIR'").fetchone()[0]
-        conn.execute("ALTER SYSTEM SET max_prepared_transactions = 8")
-    connections.close_all()
-    owner = pwd.getpwuid(os.stat(data).st_uid).pw_name
-    # The server's output goes to the log scripts/services uses, never to a
-    # pipe of this process (the server would keep it open).
-    log = os.path.join(os.path.dirname(data), "server.log")
-    command = [f"{bindir}/pg_ctl", "-D", data, "-l", log, "-m", "fast", "-w", "-t", "60",
-               "restart"]
-    if os.geteuid() != os.stat(data).st_uid:
-        command = ["runuser", "-u", owner, "--", *command]
-    subprocess.run(command, check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
-    with observer() as conn:
-        assert int(conn.execute("SHOW max_prepared_transactions").fetchone()[0]) > 0
-    yield
+        allowed = int(conn.execute("SHOW max_prepared_transactions").fetchone()[0])
+    assert allowed > 0, ("max_prepared_transactions is 0: restart the private cluster "
+                         "(scripts/services stop, then run the tests again)")
 
 
 def test_a_prepared_transaction_that_published_holds_later_messages_until_it_commits(
@@ -452,7 +422,7 @@ def test_a_role_with_insert_only_can_publish_no_grant_on_the_sequence():
                 " OR has_sequence_privilege('outbox_message_ids', 'SELECT')").fetchone()[0]
             conn.execute("INSERT INTO outbox_messages (tenant_id, message_id, topic, payload)"
                          " VALUES (1, gen_random_uuid(), 't', '{}')")
-            assert [pid for pid, _ in publisher_locks()] == [conn.info.backend_pid]
+            assert [pid for pid, _ in publisher_locks()] == [server_pid(conn)]
             conn.execute("COMMIT")
         finally:
             if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:

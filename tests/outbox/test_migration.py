@@ -19,6 +19,7 @@ import pytest
 from django.conf import settings
 
 from tests.dbsetup import owner_dsn
+from tests.helpers import superuser
 from tests.outbox.helpers import ROOT, wait_for
 
 A, B = 1, 2
@@ -35,12 +36,6 @@ def migrate(database: str, target: str | None = None) -> subprocess.CompletedPro
         command + ([target] if target else []), cwd=ROOT, capture_output=True, text=True,
         env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "DIO_TEST_DB": database},
     )
-
-
-def superuser(database: str) -> psycopg.Connection:
-    db = settings.DATABASES["default"]
-    return psycopg.connect(host=os.environ.get("DIO_PGSOCKET") or db["HOST"], port=db["PORT"],
-                           user="postgres", dbname=database, autocommit=True)
 
 
 @pytest.fixture
