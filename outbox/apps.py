@@ -8,4 +8,16 @@ class OutboxConfig(AppConfig):
 
     def ready(self) -> None:
         # Importing the settings object registers it with the settings check.
-        from outbox import conf  # noqa: F401
+        from outbox import checks, conf  # noqa: F401
+
+        checks.register()
+        connect_celery_signals()
+
+
+def connect_celery_signals() -> None:
+    """Warn when a Celery worker starts with settings that can lose a receiver's message."""
+    try:
+        from outbox.celery import connect_signals
+    except ImportError:  # Celery is an optional extra
+        return
+    connect_signals()

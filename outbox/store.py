@@ -548,6 +548,15 @@ def park(using: str, consumer: str, message: Message, attempts: int, error: str)
         cursor.execute(_PARK, params)
 
 
+def is_parked(using: str, consumer: str, message_id: uuid.UUID) -> bool:
+    """Whether ``consumer`` has already parked ``message_id`` (of the tenants ``using`` sees)."""
+    from outbox.models import DeadLetter
+
+    return DeadLetter.objects.using(using).filter(
+        consumer=consumer, message_id=message_id
+    ).exists()
+
+
 def list_parked(
     using: str, consumer: str | None = None, tenant_id: int | None = None, limit: int = 100
 ) -> list[Parked]:

@@ -91,8 +91,6 @@ def relay_once(tmp_path, env: dict[str, str], expected: int, name: str = "relay"
 # --- scenario (b): the database goes away while the worker runs receivers ------
 
 
-@pytest.mark.xfail(strict=True, reason="scenario (b): a receiver's OperationalError "
-                   "acknowledges the message; nothing retries it (issue 11)")
 def test_receivers_that_meet_a_database_outage_retry_and_every_effect_happens_once(
     tmp_path, queue
 ):
@@ -108,6 +106,7 @@ def test_receivers_that_meet_a_database_outage_retry_and_every_effect_happens_on
             # Every task runs, and meets the outage, before the database returns.
             wait_for(lambda: len(worker.task_ids(r"(?:retry|raised).*OperationalError")) == 20,
                      "every task to meet the outage")
+            wait_for(lambda: "(attempt 3 of" in worker.output, "retries to meet it too")
         wait_for(lambda: len(effects()) == 20, "every effect, once the database is back")
         assert worker.stop() == 0
     finally:
