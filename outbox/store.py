@@ -525,6 +525,127 @@ def release_lease(using: str, name: str, owner: str) -> None:
     ).update(lease_until=None, lease_owner="")
 
 
+# -- rewinding the relay ------------------------------------------------------
+#
+# After a broker lost messages the relay had already passed, the relay is set
+# back to a position before them and sends everything from there again. These
+# are the only statements that know what "the position just before a message"
+# is: (xid, id - 1) in the (xid, id) delivery order. Nothing with the same xid
+# and a smaller id sorts after it, so every message at or after the target,
+# and only those, lie above it.
+
+
+@dataclass(frozen=True, slots=True)
+class StreamMark:
+    """A message as a place to rewind a reader to.
+
+    Attributes:
+        before: the reader position just before the message: a reader set
+            there reads the message next.
+        message_id, created_at: the message's.
+    """
+
+    before: tuple[int, int]
+    message_id: uuid.UUID
+    created_at: datetime
+
+
+_MARK_COLUMNS = "m.xid::text, m.id - 1, m.message_id, m.created_at"
+
+# Hand-written, like every read of positions: the row comparison on xid8. There
+# is no index on message_id: an operator's one-off lookup scans the outbox.
+_MARK_OF_MESSAGE = f"SELECT {_MARK_COLUMNS} FROM outbox_messages AS m WHERE m.message_id = %s"
+
+# The first message in delivery order published at or after a time: along the
+# delivery index, filtered (created_at is each transaction's start time, which
+# is not the delivery order, hence "first in order", not "first in time").
+_FIRST_MARK_SINCE = f"""
+SELECT {_MARK_COLUMNS} FROM outbox_messages AS m
+ WHERE m.created_at >= %s ORDER BY m.xid, m.id LIMIT 1
+"""
+
+_OLDEST_MARK = f"SELECT {_MARK_COLUMNS} FROM outbox_messages AS m ORDER BY m.created_at LIMIT 1"
+
+# Messages a reader moved from ``upto`` back to ``after`` reads again, per topic.
+_COUNT_BETWEEN = """
+SELECT m.topic, count(*) FROM outbox_messages AS m
+ WHERE (m.xid, m.id) > (%s::xid8, %s) AND (m.xid, m.id) <= (%s::xid8, %s)
+ GROUP BY m.topic ORDER BY m.topic
+"""
+
+# Only backwards (a forward move would skip messages), and the lease is dropped:
+# a relay that holds it cannot advance over the new position (its
+# compare-and-set on the old position and its lease fails); it claims the lease
+# again and reads from here.
+_SET_RELAY_POSITION = """
+UPDATE consumer_offsets
+   SET last_xid = %s::xid8, last_id = %s, last_processed_at = now(),
+       lease_owner = '', lease_until = NULL
+ WHERE name = %s AND partition = 0 AND (last_xid, last_id) > (%s::xid8, %s)
+"""
+
+
+def _mark(row: Sequence[Any] | None) -> StreamMark | None:
+    if row is None:
+        return None
+    xid, before_id, message_id, created_at = row
+    return StreamMark((int(xid), int(before_id)), message_id, created_at)
+
+
+def mark_of_message(using: str, message_id: uuid.UUID) -> StreamMark | None:
+    """The message ``message_id`` as a place to rewind to (None: not in the outbox)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(_MARK_OF_MESSAGE, [message_id])
+        return _mark(cursor.fetchone())
+
+
+def first_mark_since(using: str, since: datetime) -> StreamMark | None:
+    """The first message in delivery order published at or after ``since`` (None: none).
+
+    A reader set just before it reads every message published since then
+    (and maybe some published a little earlier, which sort after it).
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute(_FIRST_MARK_SINCE, [since])
+        return _mark(cursor.fetchone())
+
+
+def oldest_mark(using: str) -> StreamMark | None:
+    """The oldest message still kept (None: the outbox is empty)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(_OLDEST_MARK)
+        return _mark(cursor.fetchone())
+
+
+def count_between(using: str, after: tuple[int, int], upto: tuple[int, int]) -> dict[str, int]:
+    """Messages after ``after`` up to ``upto`` (included), per topic."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(_COUNT_BETWEEN, [str(after[0]), after[1], str(upto[0]), upto[1]])
+        return {topic: int(count) for topic, count in cursor.fetchall()}
+
+
+def set_relay_position(using: str, name: str, position: tuple[int, int]) -> bool:
+    """Move the relay offset row ``name`` back to ``position`` and drop its lease.
+
+    Returns:
+        False when the row does not exist or is not after ``position``.
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            _SET_RELAY_POSITION,
+            [str(position[0]), position[1], name, str(position[0]), position[1]],
+        )
+        return cursor.rowcount == 1
+
+
+def database_now(using: str) -> datetime:
+    """The database clock (every time comparison of the library uses it)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT now()")
+        now: datetime = cursor.fetchone()[0]
+        return now
+
+
 # -- dead letters -------------------------------------------------------------
 
 # Hand-written: the row's id comes from an identity the model does not know
