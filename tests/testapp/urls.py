@@ -19,4 +19,5 @@ urlpatterns = [
     path("tenant-orders/", views.TenantOrderViewSet.as_view(create)),
     path("django-orders/", views.plain_django_create),
     path("payments/<str:order>/capture/", views.CaptureView.as_view()),
+    path("orders/<str:pk>/capture/", views.CaptureOrderView.as_view()),
 ]
