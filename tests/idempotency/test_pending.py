@@ -67,7 +67,7 @@ def test_a_flood_of_fresh_keys_that_fail_leaves_nothing_pending(client):
     assert complete_abandoned_keys(older_than=0).found == 0  # no work for the completer
 
 
-def test_djangos_http404_in_a_phase_is_a_404_not_a_500(client, monkeypatch):
+def test_djangos_http404_in_a_phase_answers_as_drfs_own_404(client, monkeypatch):
     from django.http import Http404
 
     from tests.testapp.payments import CaptureOrder
@@ -76,8 +76,14 @@ def test_djangos_http404_in_a_phase_is_a_404_not_a_500(client, monkeypatch):
         raise Http404("No such order.")
 
     monkeypatch.setattr(CaptureOrder, "started", not_found)
-    assert capture_order(client, 1, "k-404").status_code == 404
-    assert keys() == 0
+    assert capture_order(client, 1, "k-first").status_code == 404
+    assert keys() == 0  # refused before anything happened: forgotten
+    monkeypatch.setattr(CaptureOrder, "started", lambda self, ctx: RecoveryPoint("looked"))
+    monkeypatch.setattr(CaptureOrder, "looked", not_found, raising=False)
+    assert capture_order(client, 1, "k-later").status_code == 404
+    assert keys("state = 'failed' AND status_code = 404") == 1  # a refusal, stored as final
+    replay = capture_order(client, 1, "k-later")
+    assert replay.status_code == 404 and replay["Idempotent-Replayed"] == "true"
 
 
 def run(program, key="k", **kwargs):
