@@ -183,7 +183,7 @@ class PhaseContext:
     attempt: int
     request_id: str
     #: Whether :meth:`foreign_key` was called in this run: a foreign system may
-    #: then know this request, and its key must be kept (see :func:`execute`).
+    #: then know this request, and its key must be kept (see :class:`_Run`).
     foreign_key_used: bool = field(default=False, repr=False)
 
     def foreign_key(self, name: str = "") -> str:
@@ -272,9 +272,10 @@ def abandoned_answer() -> StoredResponse:
 
 
 def ttl_of(program: type[Phases] | None) -> timedelta:
-    """How long a finished answer of ``program`` is replayed."""
-    value = program.ttl if program is not None and program.ttl is not None else None
-    return as_timedelta(value if value is not None else idempotency_settings.TTL, "ttl")
+    """How long a finished answer of ``program`` is replayed (its ``ttl``, else ``TTL``)."""
+    if program is not None and program.ttl is not None:
+        return as_timedelta(program.ttl, f"{program.__qualname__}.ttl")
+    return idempotency_settings.TTL
 
 
 def lease_of(program: type[Phases]) -> timedelta:
@@ -321,9 +322,7 @@ def execute(
             "with django.db.transaction.non_atomic_requests)."
         )
     lease = lease_of(program)
-    ttl = request.ttl or as_timedelta(
-        program.ttl if program.ttl is not None else idempotency_settings.TTL, "ttl"
-    )
+    ttl = request.ttl or ttl_of(program)
     stored_data = {"data": data, "kwargs": dict(kwargs or {}), "principal": principal}
     claimed = retry_while_in_progress(
         lambda: _claim(request, program, stored_data, lease, ttl, alias), wait
