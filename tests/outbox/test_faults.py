@@ -19,6 +19,7 @@ import pytest
 import redis
 from django.conf import settings as django_settings
 from django.core.management import call_command
+from django.db import connections
 
 from tests.helpers import count_rows, observer
 from tests.outbox.helpers import Process, effects, publish_many, wait_for
@@ -65,6 +66,7 @@ def app_role_refused():
     finally:
         with observer() as conn:
             conn.execute(f'ALTER ROLE "{role}" CONNECTION LIMIT -1')
+        connections.close_all()  # this process's own sessions were cut too
 
 
 def relay_once(tmp_path, env: dict[str, str], expected: int, name: str = "relay") -> None:
