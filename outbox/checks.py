@@ -11,6 +11,7 @@ configured apart, and the worker's own warning is the one that sees its setup.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from django.core import checks
@@ -20,11 +21,20 @@ def register() -> None:
     checks.register(check_receivers)
 
 
+#: Set while the check imports the tasks' modules: Celery's Django fix-up runs
+#: Django's system checks when task modules are imported, which would run this
+#: check again, and import again, without end.
+_importing = threading.local()
+
+
 def check_receivers(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    if getattr(_importing, "active", False):
+        return []
     try:
         from outbox import celery as outbox_celery
     except ImportError:  # Celery is an optional extra: no receivers to check
         return []
+    _importing.active = True
     try:
         app = outbox_celery.celery_app()
         app.loader.import_default_modules()
@@ -36,4 +46,6 @@ def check_receivers(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
             hint='OUTBOX["CELERY_APP"] names the app (docs/settings.md).',
             id="outbox.W100",
         )]
+    finally:
+        _importing.active = False
     return [checks.Warning(p.message, hint=p.hint, id=p.id) for p in problems]

@@ -108,3 +108,26 @@ def test_called_outside_a_worker_a_receiver_raises_and_parks_nothing(tmp_path):
     receive(message.envelope())
     receive(message.envelope())  # a duplicate is skipped
     assert effects() == {str(message.message_id): 1}
+
+
+def test_the_check_imports_the_tasks_once_though_celerys_django_fixup_runs_the_checks_again(
+    settings, monkeypatch
+):
+    # Importing task modules makes Celery's Django fix-up run Django's system
+    # checks, this one included: without a guard they call each other until
+    # Python's recursion limit (every manage.py command then logs RecursionErrors).
+    from celery.loaders.base import BaseLoader
+
+    imports = []
+    original = BaseLoader.import_default_modules
+
+    def counted(self):
+        imports.append(self)
+        return original(self)
+
+    monkeypatch.setattr(BaseLoader, "import_default_modules", counted)
+    app = app_with(base=ReceiverTask)
+    assert app._fixups  # the Django fix-up is installed, as in any Django project
+    settings.OUTBOX = {**settings.OUTBOX, "CELERY_APP": app}
+    assert [m for m in checks.run_checks() if m.id.startswith("outbox.")] == []
+    assert len(imports) == 1
