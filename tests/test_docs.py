@@ -63,3 +63,13 @@ def test_every_page_is_in_the_mkdocs_nav():
     on_disk = sorted(p.name for p in DOCS.glob("*.md"))
     assert [p for p in on_disk if p not in pages] == [], "pages missing from mkdocs.yml's nav"
     assert [p for p in pages if not (DOCS / p).exists()] == [], "nav names missing pages"
+
+
+def test_every_outbox_check_id_is_documented():
+    root = Path(__file__).resolve().parents[1] / "outbox"
+    source = (root / "checks.py").read_text() + (root / "celery.py").read_text()
+    ids = set(re.findall(r'"(outbox\.W\d+)"|\((outbox\.W\d+)\)', source))
+    found = {a or b for a, b in ids}
+    assert {"outbox.W100", "outbox.W105"} <= found
+    text = (DOCS / "outbox.md").read_text()
+    assert sorted(i for i in found if f"`{i}`" not in text) == []
