@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import uuid
+from datetime import datetime
 
 
 def positive_int(value: str) -> int:
@@ -25,3 +27,23 @@ def non_negative_seconds(value: str) -> float:
     if number < 0 or number != number:  # NaN compares unequal to itself
         raise argparse.ArgumentTypeError(f"{value} is not a number of seconds, 0 or more")
     return number
+
+
+def message_id_or_time(value: str) -> uuid.UUID | datetime:
+    """A message id (a UUID) or an ISO 8601 time with a time zone (e.g. ``--rewind-to``)."""
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is neither a message id (a UUID) nor an ISO 8601 time "
+            "(e.g. 2026-11-23T08:00:00+00:00)"
+        ) from None
+    if when.tzinfo is None:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} has no time zone; add one (e.g. {value}+00:00, or Z for UTC)"
+        )
+    return when

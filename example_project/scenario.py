@@ -259,7 +259,17 @@ def run() -> dict[str, Any]:
     order_a, order_b = out_of_order_commit(shop)
     created.extend([order_a, order_b])
 
-    title(8, "Counting: every effect exactly once")
+    title(8, "Requests that cannot go anywhere leave nothing behind")
+    bad = shop.post("alice", "/orders/abc/capture/", key=key())
+    expect(bad.status_code == 404, "404: 'abc' is no order (not a 500)")
+    twice = shop.post("alice", f"/orders/{order5}/capture/", key=key())
+    expect(
+        twice.status_code == 409 and twice.json().get("code") == "already_paid",
+        "409: that order is already paid (a new key cannot charge it again)",
+    )
+    expect(pending_keys() == 0, "no idempotency key is left pending by either")
+
+    title(9, "Counting: every effect exactly once")
     counts = final_counts(shop, created, captured, start_green)
     (shop.run_dir / "counts.json").write_text(json.dumps(counts, indent=2))
     return counts
@@ -380,6 +390,16 @@ def final_counts(
     )
     expect(counts["bob_orders"] == 0, "Bolt Coffee has no orders: nothing crossed tenants")
     return counts
+
+
+def pending_keys() -> int:
+    """Pending idempotency keys of every merchant (read as the system role)."""
+    import django
+
+    django.setup()
+    from idempotency.models import IdempotencyKey
+
+    return IdempotencyKey.objects.using("system").filter(state="pending").count()
 
 
 def receipts(merchant: int) -> int:

@@ -11,6 +11,13 @@ tenant, exactly as a retry by the client would. Only programs with
 Two completers (or a completer and the client's own retry) never both run a
 request: taking a key over is a compare-and-set on its fencing token, so one
 wins and the others see it in progress and skip it.
+
+The completer's work is bounded: each key's failed completer runs are counted
+(``completer_runs``), and after ``COMPLETE_MAX_ATTEMPTS`` of them the
+completer gives up on it: the key is finished with the "abandoned" answer
+(:func:`idempotency.phases.abandoned_answer`, 500 by default), replayed to
+the client's retries, and logged at ERROR for a human: the request may have
+partly taken effect.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ class CompleteReport:
     completed: int = 0  # finished with a stored answer (success or definitive failure)
     failed: int = 0  # failed again, transiently: still pending, lease released
     skipped: int = 0  # taken by someone else meanwhile, or finished already
+    gave_up: int = 0  # failed for the last time: finished with the "abandoned" answer
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, object]:
@@ -94,16 +102,15 @@ def complete_abandoned_keys(
                 using=app_alias(),
             )
         except Exception as exc:
-            report.failed += 1
             logger.warning("completer: %s/%s/%s failed again: %s", tenant_id, scope, key, exc)
-            line = f"failed again: {exc}"
+            line = _failed(alias, program, request, report, f"failed again: {exc}")
         else:
             if result.outcome is Outcome.EXECUTED and result.verdict is not Verdict.UNSTORED:
                 report.completed += 1
                 line = f"completed with {result.value.status_code}"  # type: ignore[union-attr]
             elif result.outcome is Outcome.EXECUTED:
-                report.failed += 1
-                line = f"failed again with {result.value.status_code}"  # type: ignore[union-attr]
+                status = result.value.status_code  # type: ignore[union-attr]
+                line = _failed(alias, program, request, report, f"failed again with {status}")
             else:
                 report.skipped += 1
                 line = f"skipped ({result.outcome.value})"
@@ -111,3 +118,28 @@ def complete_abandoned_keys(
             progress(f"tenant {tenant_id} scope {scope} key {key!r}: {line}")
     report.seconds = time.monotonic() - started
     return report
+
+
+def _failed(alias: str, program: type[phases.Phases], request: IdempotentRequest,
+            report: CompleteReport, line: str) -> str:
+    """Count a failed run; give up on the key once it has failed ``COMPLETE_MAX_ATTEMPTS`` times."""
+    limit = idempotency_settings.COMPLETE_MAX_ATTEMPTS
+    runs = store.count_completer_failure(alias, request)
+    if runs is None:  # finished meanwhile (a client's retry)
+        report.skipped += 1
+        return f"{line}; finished meanwhile"
+    if runs < limit:
+        report.failed += 1
+        return f"{line} (attempt {runs} of {limit})"
+    answer = phases.abandoned_answer()
+    stopped_at = store.give_up(alias, request, answer, phases.ttl_of(program))
+    if stopped_at is None:  # a client's retry holds it now: it decides
+        report.failed += 1
+        return f"{line} (attempt {runs} of {limit}; in use, not given up)"
+    report.gave_up += 1
+    logger.error(
+        "completer: gave up on %s/%s/%s at recovery point %s after %d failed attempts; it now "
+        "answers %d (idempotency_request_abandoned): check what of it took effect",
+        request.tenant_id, request.scope, request.key, stopped_at, runs, answer.status_code,
+    )
+    return f"{line}; gave up after {runs} attempts at {stopped_at}: answers {answer.status_code}"

@@ -59,6 +59,16 @@ class IdempotencySettings(AppSettings):
     COMPLETE_AFTER = Setting(timedelta(minutes=5), duration())
     #: Keys the completer takes per run.
     COMPLETE_BATCH_SIZE = Setting(100, integer(minimum=1))
+    #: Failed completer runs of one key after which the completer gives up on
+    #: it: the key is finished with the "abandoned" answer (STATUS_ABANDONED).
+    COMPLETE_MAX_ATTEMPTS = Setting(10, integer(minimum=1))
+    #: The reaper gives up on pending keys that nothing has touched for this
+    #: long (any program, completable or not, or none): finished with the
+    #: "abandoned" answer, then reaped after their TTL like any finished key.
+    GIVE_UP_AFTER = Setting(timedelta(hours=72), duration())
+    #: The status of the answer stored for a request given up on (problem+json,
+    #: code "idempotency_request_abandoned"), replayed to every retry.
+    STATUS_ABANDONED = Setting(500, http_status)
     #: Unfinished keys older than this are reported by the reaper.
     STUCK_AFTER = Setting(timedelta(hours=1), duration())
     #: The alias the admin lists keys through (every tenant's). None: the

@@ -7,7 +7,8 @@ import json
 from datetime import timedelta
 from typing import Any
 
-from django.http import HttpResponse
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.http import Http404, HttpResponse
 from rest_framework.exceptions import APIException
 from rest_framework.request import Request
 
@@ -120,9 +121,10 @@ class IdempotentViewMixin(TenantScopedViewMixin):
         self, program: type[Phases], kwargs: dict[str, Any], keyed: core.IdempotentRequest
     ) -> core.Result[core.StoredResponse]:
         def convert(exc: Exception) -> core.StoredResponse | None:
-            # DRF's own exceptions (validation, permission, ...) become their
-            # answers, stored or not by status; anything else is transient.
-            if not isinstance(exc, APIException):
+            # What DRF's exception handler answers (its own exceptions, and
+            # Django's Http404 and PermissionDenied) becomes that answer,
+            # stored or not by status; anything else is a failure.
+            if not isinstance(exc, APIException | Http404 | DjangoPermissionDenied):
                 return None
             return to_stored_response(self._rendered(self.handle_exception(exc)))  # type: ignore[attr-defined]
 

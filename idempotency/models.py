@@ -42,6 +42,8 @@ class IdempotencyKey(models.Model):
     lease_token = models.BigIntegerField(db_default=0)
     locked_until = models.DateTimeField(null=True)
     updated_at = models.DateTimeField(null=True)
+    # Runs of the completer that failed again; it gives up at COMPLETE_MAX_ATTEMPTS.
+    completer_runs = models.IntegerField(db_default=0)
 
     class Meta:
         db_table = "idempotency_keys"

@@ -35,11 +35,13 @@ How a request goes:
    answer. Each commit is a compare-and-set on the fencing token, so an owner
    whose lease was taken over cannot commit a phase, or an answer, over the
    new owner's: its transaction is rolled back (:class:`LeaseLost`).
-3. **Failures**: an exception, or :class:`Retry`, is transient: the phase
-   rolls back, the lease is released at once, nothing final is stored, and
-   the retry resumes at the same recovery point. (A DRF refusal such as a 404
-   raised in the first phase removes the key instead: nothing is pending.) A definitive failure is a
-   :class:`Finish` with a 4xx: stored and replayed like any final answer.
+3. **Failures**: an exception, :class:`Retry` or a 5xx is transient: the
+   phase rolls back, the lease is released at once, nothing final is stored,
+   and the retry resumes at the same recovery point. A definitive failure is
+   a :class:`Finish` with a 4xx: stored and replayed like any final answer.
+   A request that fails or is refused before anything of it happened (a new
+   key, no phase committed, no ``ctx.foreign_key`` asked for) is forgotten
+   instead: nothing is left pending (see :class:`_Run`).
 
 Foreign calls take ``ctx.foreign_key(name)``: stable across retries and
 crashes of this request, different for every tenant, scope, key (and for a
@@ -47,7 +49,10 @@ key reused after it expired), so the foreign system de-duplicates for us.
 
 Pending keys never expire into "new": only a finished key is replaced after
 its TTL. Abandoned pending keys are finished by the completer
-(:mod:`idempotency.completer`) for programs with ``completable = True``.
+(:mod:`idempotency.completer`) for programs with ``completable = True``,
+which gives up after ``COMPLETE_MAX_ATTEMPTS`` failed attempts; the reaper
+gives up on any pending key nothing has touched for ``GIVE_UP_AFTER``. A key
+given up on is finished with :func:`abandoned_answer`.
 """
 
 from __future__ import annotations
@@ -131,8 +136,9 @@ class Retry(IdempotencyError):  # noqa: N818 - reads as the instruction it is
     """Raise in a phase to declare a transient failure (e.g. a gateway timeout).
 
     The phase rolls back, the lease is released, nothing final is stored, and
-    the client gets ``status`` (503 by default) with ``Retry-After``; its
-    retry resumes at the same recovery point.
+    the client gets ``status`` (503 by default, never stored, whatever it
+    is) with ``Retry-After``; its retry resumes at the same recovery point
+    (or, if nothing of the request happened yet, runs it anew).
     """
 
     def __init__(self, detail: str = "Temporarily unavailable; retry.", *, status: int = 503,
@@ -177,14 +183,21 @@ class PhaseContext:
     recovery_point: str
     attempt: int
     request_id: str
+    #: Whether :meth:`foreign_key` was called in this run: a foreign system may
+    #: then know this request, and its key must be kept (see :class:`_Run`).
+    foreign_key_used: bool = field(default=False, repr=False)
 
     def foreign_key(self, name: str = "") -> str:
         """An idempotency key for a foreign call, stable across retries.
 
         Derived from this request's identity (a UUID drawn when the key was
         first claimed) and ``name``, so two foreign calls of one request, or
-        the same call of two requests, never share a key.
+        the same call of two requests, never share a key. Asking for one
+        marks the request as known outside: from then on a failure keeps the
+        key pending (for a retry to reuse the same foreign key) instead of
+        forgetting it.
         """
+        self.foreign_key_used = True
         digest = hashlib.sha256(f"{self.request_id}\x1f{name}".encode()).hexdigest()
         return f"idem_{digest[:40]}"
 
@@ -261,6 +274,36 @@ def completable_scopes() -> list[str]:
     return sorted(scope for scope, program in _registry.items() if program.completable)
 
 
+def abandoned_answer() -> StoredResponse:
+    """The answer stored for a request given up on, replayed to every retry of its key.
+
+    A problem+json with ``IDEMPOTENCY["STATUS_ABANDONED"]`` (500) and the code
+    ``idempotency_request_abandoned``: the request may have partly taken effect
+    (a charge without its receipt, say), and is not run again under this key.
+    """
+    status = idempotency_settings.STATUS_ABANDONED
+    body = {
+        "type": "about:blank",
+        "title": "Request abandoned",
+        "status": status,
+        "detail": "This request could not be completed and will not be run again under this "
+                  "idempotency key. Part of it may have taken effect: check its outcome "
+                  "before sending it again with a new key.",
+        "code": "idempotency_request_abandoned",
+    }
+    return StoredResponse(
+        status, json.dumps(body, separators=(",", ":")).encode(),
+        (("Content-Type", "application/problem+json"),),
+    )
+
+
+def ttl_of(program: type[Phases] | None) -> timedelta:
+    """How long a finished answer of ``program`` is replayed (its ``ttl``, else ``TTL``)."""
+    if program is not None and program.ttl is not None:
+        return as_timedelta(program.ttl, f"{program.__qualname__}.ttl")
+    return idempotency_settings.TTL
+
+
 def lease_of(program: type[Phases]) -> timedelta:
     value = program.lease if program.lease is not None else idempotency_settings.LEASE
     return as_timedelta(value, f"{program.__qualname__}.lease")
@@ -305,15 +348,14 @@ def execute(
             "with django.db.transaction.non_atomic_requests)."
         )
     lease = lease_of(program)
-    ttl = request.ttl or as_timedelta(
-        program.ttl if program.ttl is not None else idempotency_settings.TTL, "ttl"
-    )
+    ttl = request.ttl or ttl_of(program)
     stored_data = {"data": data, "kwargs": dict(kwargs or {}), "principal": principal}
-    claim = retry_while_in_progress(
+    claimed = retry_while_in_progress(
         lambda: _claim(request, program, stored_data, lease, ttl, alias), wait
     )
-    if not isinstance(claim, store.Claim):
-        return claim
+    if not isinstance(claimed, _Claimed):
+        return claimed
+    claim = claimed.claim
     ctx = PhaseContext(
         tenant_id=request.tenant_id,
         scope=request.scope,
@@ -326,7 +368,14 @@ def execute(
         attempt=claim.token,
         request_id=claim.request_id,
     )
-    return _run(program(), ctx, request, claim.token, lease, ttl, alias, on_exception)
+    run = _Run(program(), ctx, request, claim.token, claimed.fresh, lease, ttl, alias)
+    return run.execute(on_exception)
+
+
+@dataclass(frozen=True)
+class _Claimed:
+    claim: store.Claim
+    fresh: bool  # a new request (not a take-over of a pending key): nothing of it ran before
 
 
 def _claim(
@@ -336,7 +385,7 @@ def _claim(
     lease: timedelta,
     ttl: timedelta,
     alias: str,
-) -> store.Claim | Result[StoredResponse]:
+) -> _Claimed | Result[StoredResponse]:
     for _ in range(2):  # a second look when another request claimed the key first
         with tenant_context(request.tenant_id, using=alias):
             found = store.lookup(alias, request)
@@ -355,67 +404,114 @@ def _claim(
                     lease=lease, ttl=ttl,
                 )
         if claim is not None:
-            return claim
+            return _Claimed(claim, fresh=not found.live)
     return Result(Outcome.IN_PROGRESS)
 
 
-def _run(
-    program: Phases,
-    ctx: PhaseContext,
-    request: IdempotentRequest,
-    token: int,
-    lease: timedelta,
-    ttl: timedelta,
-    alias: str,
-    on_exception: Callable[[Exception], StoredResponse | None] | None,
-) -> Result[StoredResponse]:
-    while True:
-        refused = False  # a DRF refusal (403, 404...) raised by the phase
+class _Run:
+    """One run of a program for a claimed key, from its recovery point to an outcome.
+
+    What becomes of the key:
+
+    - a :class:`Finish` (or a DRF exception's answer) that is stored (2xx,
+      3xx, final 4xx) finishes it, and is replayed to every retry;
+    - nothing else is stored, and the key is **forgotten** if the request is
+      still *pristine*: a new request (not a take-over) whose run committed
+      no phase and asked for no ``ctx.foreign_key``. Nothing of it exists
+      anywhere, so it leaves nothing behind, as in the one-transaction mode;
+      a retry runs it anew;
+    - otherwise a 4xx that ``UNSTORED_STATUS_CODES`` lists (409, 404...) is
+      stored as final all the same: the key cannot be forgotten (a phase
+      committed, a foreign call may have happened), and keeping it pending
+      would only have every retry refused again;
+    - a :class:`Retry`, a 5xx or an exception of a request that is not
+      pristine leaves the key pending, its lease released, for a retry or the
+      completer to resume at the same recovery point.
+    """
+
+    def __init__(self, program: Phases, ctx: PhaseContext, request: IdempotentRequest,
+                 token: int, fresh: bool, lease: timedelta, ttl: timedelta,
+                 alias: str) -> None:
+        self.program = program
+        self.ctx = ctx
+        self.request = request
+        self.token = token
+        self.fresh = fresh
+        self.lease = lease
+        self.ttl = ttl
+        self.alias = alias
+        self.advanced = False  # a phase of this run committed its recovery point
+
+    @property
+    def pristine(self) -> bool:
+        return self.fresh and not self.advanced and not self.ctx.foreign_key_used
+
+    def execute(
+        self, on_exception: Callable[[Exception], StoredResponse | None] | None
+    ) -> Result[StoredResponse]:
         try:
-            with tenant_context(request.tenant_id, using=alias):
-                try:
-                    # A savepoint: an exception's writes roll back before its
-                    # answer is stored (a returned Finish commits with them).
-                    with transaction.atomic(using=alias):
-                        outcome = program.phase(ctx.recovery_point)(ctx)
-                except Retry as exc:
-                    outcome = exc.to_stored()
-                except Exception as exc:
-                    converted = on_exception(exc) if on_exception else None
-                    if converted is None:
-                        raise
-                    outcome = converted
-                    refused = converted.status_code < 500
-                if isinstance(outcome, RecoveryPoint):
-                    ctx.state = {**ctx.state, **outcome.state}
-                    if not store.advance(alias, request, token, recovery_point=outcome.name,
-                                         phase_state=ctx.state, lease=lease):
-                        raise LeaseLost
-                    ctx.recovery_point = outcome.name
-                    continue
-                if isinstance(outcome, Finish):
-                    outcome = outcome.to_stored()
-                if not isinstance(outcome, StoredResponse):
-                    raise TypeError(
-                        f"phase {ctx.recovery_point!r} of {type(program).__qualname__} returned "
-                        f"{outcome!r}; expected RecoveryPoint or Finish"
-                    )
-                verdict = classify(outcome.status_code)
-                if verdict is Verdict.UNSTORED:
-                    raise _Transient(outcome)
-                if not store.finish(alias, request, token, response=outcome,
-                                    state=verdict.value, phase_state=ctx.state, ttl=ttl):
-                    raise LeaseLost
-                return Result(Outcome.EXECUTED, value=outcome, stored=outcome, verdict=verdict)
+            while True:
+                outcome = self._phase(on_exception)
+                if outcome is None:
+                    continue  # a phase committed its recovery point: the next one
+                return outcome
         except LeaseLost:
             return Result(Outcome.IN_PROGRESS)
         except _Transient as transient:
-            forget = refused and ctx.recovery_point == type(program).first
-            _release(alias, request, token, ctx.recovery_point if forget else None)
+            self._let_go()
             return Result(Outcome.EXECUTED, value=transient.response, verdict=Verdict.UNSTORED)
         except BaseException:
-            _release(alias, request, token, None)
+            self._let_go()
             raise
+
+    def _phase(
+        self, on_exception: Callable[[Exception], StoredResponse | None] | None
+    ) -> Result[StoredResponse] | None:
+        ctx, request, alias = self.ctx, self.request, self.alias
+        transient = False
+        with tenant_context(request.tenant_id, using=alias):
+            try:
+                # A savepoint: an exception's writes roll back before its
+                # answer is stored (a returned Finish commits with them).
+                with transaction.atomic(using=alias):
+                    outcome = self.program.phase(ctx.recovery_point)(ctx)
+            except Retry as exc:
+                outcome, transient = exc.to_stored(), True
+            except Exception as exc:
+                converted = on_exception(exc) if on_exception else None
+                if converted is None:
+                    raise
+                outcome = converted
+            if isinstance(outcome, RecoveryPoint):
+                ctx.state = {**ctx.state, **outcome.state}
+                if not store.advance(alias, request, self.token, recovery_point=outcome.name,
+                                     phase_state=ctx.state, lease=self.lease):
+                    raise LeaseLost
+                ctx.recovery_point = outcome.name
+                self.advanced = True
+                return None
+            if isinstance(outcome, Finish):
+                outcome = outcome.to_stored()
+            if not isinstance(outcome, StoredResponse):
+                raise TypeError(
+                    f"phase {ctx.recovery_point!r} of {type(self.program).__qualname__} "
+                    f"returned {outcome!r}; expected RecoveryPoint or Finish"
+                )
+            verdict = classify(outcome.status_code)
+            if transient or outcome.status_code >= 500:
+                raise _Transient(outcome)
+            if verdict is Verdict.UNSTORED:
+                if self.pristine:
+                    raise _Transient(outcome)  # refused before anything happened: forget it
+                verdict = Verdict.FAILED  # final: this key cannot be forgotten
+            if not store.finish(alias, request, self.token, response=outcome,
+                                state=verdict.value, phase_state=ctx.state, ttl=self.ttl):
+                raise LeaseLost
+            return Result(Outcome.EXECUTED, value=outcome, stored=outcome, verdict=verdict)
+
+    def _let_go(self) -> None:
+        forget_at = self.ctx.recovery_point if self.pristine else None
+        _release(self.alias, self.request, self.token, forget_at)
 
 
 class _Transient(Exception):
@@ -427,12 +523,12 @@ class _Transient(Exception):
 def _release(alias: str, request: IdempotentRequest, token: int, forget_at: str | None) -> None:
     """Let a retry resume at once; a no-op if the lease was already taken over.
 
-    With ``forget_at``, the key is removed instead: the first phase refused the
-    request (a DRF 403, 404...) and nothing of it was committed, so the key is
-    forgotten as if it had never come; a pending key would wait forever for a
-    completer that can only be refused again. Only refusals: after a transient
-    failure the retry must keep this request's identity (``request_id``, hence
-    ``ctx.foreign_key``), since a foreign call may have happened.
+    With ``forget_at``, the key is removed instead: the request is pristine
+    (nothing committed, no foreign key handed out, never run before), so it is
+    forgotten as if it had never come; a pending key would wait for a retry
+    or a completer that may never come, or only be refused again. A request
+    that is not pristine keeps its identity (``request_id``, hence
+    ``ctx.foreign_key``) for its retry, since a foreign call may have happened.
     """
     try:
         with tenant_context(request.tenant_id, using=alias):

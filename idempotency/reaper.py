@@ -5,12 +5,17 @@ role sees every tenant's keys. It walks the tenants that have keys, and for
 each deletes expired finished rows in bounded batches, one short transaction
 per batch, skipping rows that a live request has locked. Pending keys (phases
 mode) are never deleted, since their work may be half done: they are reported
-instead, for the completer or a human. One reaper runs at a time: a
+instead, for the completer or a human, and once nothing has touched one for
+``GIVE_UP_AFTER`` (72 hours) the reaper gives up on it: it is finished with
+the "abandoned" answer, which its client's retries get, and deleted after its
+TTL like any finished key. No key stays pending forever, whatever its program
+(completable or not, or no longer deployed). One reaper runs at a time: a
 second one finds the advisory lock taken and returns at once.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -21,9 +26,12 @@ from django.db import connections
 from idempotency import store
 from idempotency.conf import idempotency_settings
 from idempotency.store import REAP_LOCK_ID as REAP_LOCK_ID  # the lock's id, for operators
+from idempotency.store import GivenUp
 from tenancy.aliases import system_alias
 from tenancy.db import require_cross_tenant, tenants_with_rows
 from tenancy.exceptions import CrossTenantRefused
+
+logger = logging.getLogger("idempotency")
 
 #: The reaper's refusal of an RLS-bound alias (the library's one cross-tenant error).
 ReaperRefused = CrossTenantRefused
@@ -58,6 +66,8 @@ class ReapReport:
     longest_batch_seconds: float = 0.0  # the longest delete transaction (its locks' lifetime)
     stuck_count: int = 0
     stuck: list[StuckKey] = field(default_factory=list)
+    gave_up: int = 0  # pending keys untouched for GIVE_UP_AFTER, finished as abandoned
+    given_up: list[GivenUp] = field(default_factory=list)  # the first of them
 
     def as_dict(self) -> dict[str, object]:
         data = asdict(self)
@@ -106,6 +116,7 @@ def reap_expired_keys(
         if not locked:
             report.skipped = True
             return report
+        _give_up(alias, size, dry_run, report, stuck_sample)
         for tenant_id in tenants_with_rows(alias, "idempotency_keys"):
             deleted = _reap_tenant(alias, tenant_id, size, pause, dry_run, report, progress)
             report.tenants += 1 if deleted else 0
@@ -144,6 +155,29 @@ def _reap_tenant(
             progress(f"tenant {tenant_id}: deleted {deleted} (total {report.deleted})")
         if deleted < size:
             return total
+
+
+def _give_up(alias: str, size: int, dry_run: bool, report: ReapReport, sample: int) -> None:
+    from idempotency.phases import abandoned_answer
+
+    after = idempotency_settings.GIVE_UP_AFTER
+    if dry_run:
+        report.gave_up = store.count_untouched(alias, after)
+        return
+    answer = abandoned_answer()
+    while True:
+        batch = store.give_up_untouched(alias, after, size, answer, idempotency_settings.TTL)
+        for given in batch:
+            logger.error(
+                "reaper: gave up on %s/%s/%s at recovery point %s, untouched for %s; it now "
+                "answers %d (idempotency_request_abandoned): check what of it took effect",
+                given.tenant_id, given.scope, given.key, given.recovery_point, after,
+                answer.status_code,
+            )
+        report.gave_up += len(batch)
+        report.given_up.extend(batch[: max(0, sample - len(report.given_up))])
+        if len(batch) < size:
+            return
 
 
 def _find_stuck(alias: str, report: ReapReport, sample: int) -> None:

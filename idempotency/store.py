@@ -99,6 +99,16 @@ class StuckRow:
 
 
 @dataclass(frozen=True, slots=True)
+class GivenUp:
+    """A pending key the reaper gave up on (see :func:`give_up_untouched`)."""
+
+    tenant_id: int
+    scope: str
+    key: str
+    recovery_point: str
+
+
+@dataclass(frozen=True, slots=True)
 class AbandonedKey:
     """A pending key whose client gave up (see :func:`abandoned_keys`)."""
 
@@ -158,6 +168,11 @@ _PHASES_FINISHED = {
     "locked_until": "NULL",
     "updated_at": "now()",
 }
+
+
+#: A pending key given up on: the "abandoned" answer; the recovery point stays,
+#: to show where it stopped.
+_GIVEN_UP = {**_ANSWER, "locked_until": "NULL", "updated_at": "now()"}
 
 
 def _names(values: Mapping[str, str], prefix: str = "") -> str:
@@ -467,6 +482,85 @@ def _owned(alias: str, request: IdempotentRequest, token: int) -> Any:
 
 
 # --- upkeep, across tenants (the system alias) ----------------------------------
+
+_UNATTENDED = f"state = '{PENDING}' AND (locked_until IS NULL OR locked_until <= clock_timestamp())"
+
+# One more failed completer run of a pending key; the count comes back in the
+# same round trip.
+_COUNT_COMPLETER_FAILURE = f"""
+UPDATE idempotency_keys SET completer_runs = completer_runs + 1
+ WHERE {_KEY} AND state = '{PENDING}'
+RETURNING completer_runs
+"""
+
+# Giving up on one pending key nobody holds (a run holding a lease decides itself).
+_GIVE_UP = f"""
+UPDATE idempotency_keys SET ({_names(_GIVEN_UP)}) = ROW({_exprs(_GIVEN_UP)})
+ WHERE {_KEY} AND {_UNATTENDED}
+RETURNING recovery_point
+"""
+
+# The reaper's batch: pending keys nobody has touched for a long time, chosen and
+# locked in the UPDATE itself (SKIP LOCKED: a request that holds one is working
+# on it), oldest first, by the database clock.
+_GIVE_UP_UNTOUCHED = f"""
+UPDATE idempotency_keys SET ({_names(_GIVEN_UP)}) = ROW({_exprs(_GIVEN_UP)})
+ WHERE ctid = ANY(ARRAY(
+       SELECT ctid FROM idempotency_keys
+        WHERE {_UNATTENDED} AND coalesce(updated_at, created_at) < now() - %(after)s
+        ORDER BY created_at
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED))
+RETURNING tenant_id, scope, key, recovery_point
+"""
+
+
+def count_completer_failure(alias: str, request: IdempotentRequest) -> int | None:
+    """Count a failed completer run of a pending key; its count so far (None: not pending)."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_COUNT_COMPLETER_FAILURE, _key(request))
+        row = cursor.fetchone()
+    return None if row is None else int(row[0])
+
+
+def give_up(alias: str, request: IdempotentRequest, response: StoredResponse,
+            ttl: timedelta) -> str | None:
+    """Finish a pending key nobody holds with ``response`` (state ``failed``).
+
+    Returns:
+        The recovery point it stopped at; None when it is no longer pending,
+        or a run holds its lease.
+    """
+    params = _key(request, **_answer(response, IdempotencyKey.State.FAILED.value, ttl))
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_GIVE_UP, params)
+        row = cursor.fetchone()
+    return None if row is None else str(row[0])
+
+
+def give_up_untouched(alias: str, after: timedelta, limit: int, response: StoredResponse,
+                      ttl: timedelta) -> list[GivenUp]:
+    """Finish up to ``limit`` pending keys untouched for ``after`` with ``response``.
+
+    One transaction of its own; across tenants (the system alias).
+    """
+    params = {"after": after, "limit": limit,
+              **_answer(response, IdempotencyKey.State.FAILED.value, ttl)}
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        cursor.execute(_GIVE_UP_UNTOUCHED, params)
+        return [GivenUp(*row) for row in cursor.fetchall()]
+
+
+def count_untouched(alias: str, after: timedelta) -> int:
+    """How many keys :func:`give_up_untouched` would give up on."""
+    return int(
+        IdempotencyKey.objects.using(alias)
+        .filter(unattended())
+        .alias(touched=Coalesce("updated_at", "created_at"))
+        .filter(touched__lt=Now() - after)
+        .count()
+    )
+
 
 
 def unattended() -> Q:

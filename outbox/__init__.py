@@ -23,6 +23,7 @@ __all__ = [
     "NoTenant",
     "NotInTransaction",
     "OutboxError",
+    "ReceiverTask",
     "Relay",
     "Transport",
     "__version__",
@@ -43,6 +44,7 @@ __getattr__ = lazy_exports(
         "Message": "outbox.stream",
         "receive": "outbox.receivers",
         "receiver": "outbox.receivers",
+        "ReceiverTask": "outbox.celery",
         "Relay": "outbox.relay",
         "status": "outbox.status",
         "Transport": "outbox.transports",
@@ -56,6 +58,7 @@ __getattr__ = lazy_exports(
 )
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
+    from outbox.celery import ReceiverTask
     from outbox.consumers import Consumer, run_consumers
     from outbox.exceptions import ConsumerConfigError, NoTenant, NotInTransaction, OutboxError
     from outbox.publishing import publish

@@ -1,3 +1,5 @@
+import sys
+
 from django.apps import AppConfig
 
 
@@ -11,3 +13,17 @@ class OutboxConfig(AppConfig):
         from outbox import checks, conf  # noqa: F401
 
         checks.register()
+        connect_celery_signals()
+
+
+def connect_celery_signals() -> None:
+    """Warn when a Celery worker starts with settings that can lose a receiver's message.
+
+    Only where Celery is already imported (a worker imports it before it sets
+    Django up): a web process does not pay for importing Celery at start.
+    """
+    if "celery" not in sys.modules:
+        return
+    from outbox.celery import connect_signals
+
+    connect_signals()

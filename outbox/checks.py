@@ -1,21 +1,41 @@
-"""System checks: is the outbox's fence still sound in this database?
+"""System checks of the outbox: is the fence still sound, can the receivers keep their promise?
 
-The fence (docs/guarantees.md) rests on two facts the database could be
-talked out of after the migration created them: message ids come from
-``outbox_next_id()`` (which marks the writing transaction as a publisher in
-flight), and its sequence hands out increasing values across sessions (no
-values cached per session, no cycling, a positive increment). ``manage.py
-check --database <alias>`` (and ``migrate``) verifies both.
+Two families, registered together by :func:`register`:
+
+- **The fence** (``outbox.E001``/``E002``, tagged ``database``). The fence
+  (docs/guarantees.md) rests on two facts the database could be talked out
+  of after the migration created them: message ids come from
+  ``outbox_next_id()`` (which marks the writing transaction as a publisher in
+  flight), and its sequence hands out increasing values across sessions (no
+  values cached per session, no cycling, a positive increment). ``manage.py
+  check --database <alias>`` (and ``migrate``) verifies both.
+- **The receivers** (``outbox.W100``–``W105``). ``manage.py check`` loads the
+  Celery app the outbox sends to (``OUTBOX["CELERY_APP"]``), imports its
+  tasks' modules, and warns about each receiver task
+  (:func:`outbox.receiver`) whose settings let a message be lost or run twice
+  (:func:`outbox.celery.check_app`). A worker logs the same warnings when it
+  starts, with what only it can see (its broker's persistence). Warnings, not
+  errors: the web process and the workers may be configured apart, and the
+  worker's own warning is the one that sees its setup.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
 from django.core import checks
 from django.db import DatabaseError, connections
+
+
+def register() -> None:
+    checks.register(check_fence, checks.Tags.database)
+    checks.register(check_receivers)
+
+
+# -- the fence ----------------------------------------------------------------
 
 # Catalog queries only: the sequence's parameters and the id column's default.
 _FACTS = """
@@ -27,10 +47,6 @@ SELECT s.seqcache, s.seqincrement, s.seqcycle,
   FROM pg_sequence AS s
  WHERE s.seqrelid = to_regclass('outbox_message_ids')
 """
-
-
-def register() -> None:
-    checks.register(check_fence, checks.Tags.database)
 
 
 def check_fence(
@@ -74,3 +90,35 @@ def check_fence(
                 )
             )
     return errors
+
+
+# -- the receivers ------------------------------------------------------------
+
+#: Set while the check imports the tasks' modules: Celery's Django fix-up runs
+#: Django's system checks when task modules are imported, which would run this
+#: check again, and import again, without end.
+_importing = threading.local()
+
+
+def check_receivers(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    if getattr(_importing, "active", False):
+        return []
+    try:
+        from outbox import celery as outbox_celery
+    except ImportError:  # Celery is an optional extra: no receivers to check
+        return []
+    _importing.active = True
+    try:
+        app = outbox_celery.celery_app()
+        app.loader.import_default_modules()
+        problems = outbox_celery.check_app(app)
+    except Exception as exc:  # a broken task module must not break every manage.py command
+        return [checks.Warning(
+            f"Could not load the Celery app to check its outbox receivers: "
+            f"{type(exc).__name__}: {exc}",
+            hint='OUTBOX["CELERY_APP"] names the app (docs/settings.md).',
+            id="outbox.W100",
+        )]
+    finally:
+        _importing.active = False
+    return [checks.Warning(p.message, hint=p.hint, id=p.id) for p in problems]

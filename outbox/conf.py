@@ -73,6 +73,14 @@ class OutboxSettings(AppSettings):
     #: publish signals); False builds the message with Celery and publishes
     #: it with kombu directly.
     CELERY_SEND_TASK = Setting(False, boolean)
+    #: Celery receivers (outbox.receiver): attempts at one message, the first
+    #: included, before it is parked in the dead-letter table.
+    RECEIVER_MAX_ATTEMPTS = Setting(10, integer(minimum=1))
+    #: Celery receivers: delay before the second attempt; doubled for each further one.
+    RECEIVER_RETRY_BACKOFF = Setting(timedelta(seconds=1), seconds())
+    #: Celery receivers: the longest delay between two attempts. Keep it below
+    #: the broker's visibility timeout (Redis: 1 hour by default).
+    RECEIVER_RETRY_BACKOFF_MAX = Setting(timedelta(minutes=5), seconds())
     #: Retention: messages older than this AND passed by every reader are deleted.
     RETENTION = Setting(timedelta(days=7), seconds())
     #: Retention: rows of outbox_received (the receivers' de-duplication

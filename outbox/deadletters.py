@@ -1,18 +1,21 @@
 """Parked messages: listing them and handling them again ("re-driving").
 
 A consumer parks a message after ``MAX_ATTEMPTS`` failures, so the rest of
-its partition keeps flowing. The dead-letter row is a full copy of the
-message. Re-driving runs the consumer's ``handle`` again as the message's
-tenant and deletes the row in the same transaction: a re-driven message has
-its database effects exactly once, like any other. Re-driven messages are, by
-nature, out of order with the rest of their key.
+its partition keeps flowing; a Celery receiver parks one after
+``RECEIVER_MAX_ATTEMPTS`` (its rows are named ``celery:<task name>``). The
+dead-letter row is a full copy of the message. Re-driving runs the consumer's
+``handle`` (or the receiver task's body, in this process, with its
+de-duplication) again as the message's tenant and deletes the row in the same
+transaction: a re-driven message has its database effects exactly once, like
+any other. Re-driven messages are, by nature, out of order with the rest of
+their key.
 """
 
 from __future__ import annotations
 
 import logging
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from django.db import transaction
@@ -21,6 +24,7 @@ from outbox import store
 from outbox.consumers import Consumer, configured_consumers
 from outbox.exceptions import ConsumerConfigError
 from outbox.store import Parked
+from outbox.stream import Message
 from tenancy import tenant_context
 from tenancy.aliases import app_alias, system_alias
 
@@ -62,7 +66,7 @@ def redrive(
         ConsumerConfigError: a row names a consumer that is not configured.
     """
     consumers = {c.name: c for c in configured_consumers()}
-    if consumer is not None and consumer not in consumers:
+    if consumer is not None and consumer not in consumers and not _is_receiver(consumer):
         raise ConsumerConfigError(f"unknown consumer {consumer!r}")
     if ids is None:
         rows = [(p.tenant_id, p.id) for p in list_parked(consumer, tenant_id, limit=10**9)]
@@ -86,14 +90,15 @@ def _redrive_one(
         if parked is None or (only is not None and parked.consumer != only):
             return "missing"
         name = parked.consumer
-        if name not in consumers:
+        handle = _receiver_handler(name, tenant, row_id) if _is_receiver(name) else None
+        if handle is None and name not in consumers:
             raise ConsumerConfigError(
                 f"parked message {tenant}/{row_id} belongs to consumer {name!r}, which is not "
                 'in OUTBOX["CONSUMERS"]'
             )
         try:
             with transaction.atomic(using=alias):
-                consumers[name].handle(parked.message)
+                (handle or consumers[name].handle)(parked.message)
         except Exception as exc:
             logger.warning("outbox: re-driving %s/%s for %s failed again: %s",
                            tenant, row_id, name, exc)
@@ -102,3 +107,21 @@ def _redrive_one(
             return "failed"
         store.delete_parked(alias, tenant, row_id)
         return "handled"
+
+
+def _is_receiver(name: str) -> bool:
+    return name.startswith("celery:")
+
+
+def _receiver_handler(name: str, tenant: int, row_id: int) -> Callable[[Message], object]:
+    """Runs the receiver task's body on a parked message, in this process."""
+    from outbox.celery import DEAD_LETTER_PREFIX, receiver_body
+
+    task_name = name.removeprefix(DEAD_LETTER_PREFIX)
+    body = receiver_body(task_name)
+    if body is None:
+        raise ConsumerConfigError(
+            f"parked message {tenant}/{row_id} belongs to Celery task {task_name!r}, which the "
+            'Celery app (OUTBOX["CELERY_APP"]) does not have as an outbox receiver'
+        )
+    return lambda message: body(message.envelope())

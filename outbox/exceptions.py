@@ -19,3 +19,7 @@ class NoTenant(OutboxError):
 
 class ConsumerConfigError(OutboxError, ConfigurationError):
     """A consumer is misconfigured (message fit for a one-line command error)."""
+
+
+class RewindRefused(OutboxError):
+    """``relay_outbox --rewind-to`` cannot send again everything after its target."""

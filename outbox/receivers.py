@@ -3,13 +3,18 @@
 The relay delivers at least once, so a task may receive a message twice. The
 receiver records the message id in ``outbox_received`` in the same
 transaction as the task's own writes: a duplicate finds the id already there
-and is skipped, and a task that fails rolls the record back with its writes,
-so the retry runs it again. Concurrent duplicates wait on the primary key and
-the second one is skipped when the first commits.
+and is skipped, and a task that fails rolls the record back with its writes.
+Concurrent duplicates wait on the primary key and the second one is skipped
+when the first commits.
+
+Run by a Celery worker, a task built with :func:`receiver` does not let a
+failure lose the message: it is retried with a growing pause, and parked in
+the dead-letter table when its attempts run out (:mod:`outbox.celery`; the
+worker and broker settings this needs are in docs/outbox.md).
 
 Example::
 
-    @app.task(name="shop.order_created")
+    @app.task(base=ReceiverTask, name="shop.order_created")
     @receiver("shop.order_created")
     def order_created(message):
         Invoice.objects.create(tenant_id=message.tenant_id, order_id=message.payload["id"])
@@ -18,6 +23,7 @@ Example::
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -27,6 +33,8 @@ from tenancy import tenant_context
 from tenancy.aliases import app_alias
 
 T = TypeVar("T")
+
+logger = logging.getLogger("outbox")
 
 
 def receive(
@@ -38,7 +46,9 @@ def receive(
 ) -> tuple[bool, T | None]:
     """Run ``handler(message)`` unless ``receiver`` has already handled the message.
 
-    Runs in one transaction on the app alias, as the message's tenant.
+    Runs in one transaction on the app alias, as the message's tenant. A
+    failure propagates, with everything rolled back: retrying it is the
+    caller's business (:func:`receiver` does it in a Celery worker).
 
     Args:
         envelope: what the Celery transport sent (or a :class:`Message`).
@@ -54,6 +64,8 @@ def receive(
     alias = app_alias(using)
     with tenant_context(message.tenant_id, using=alias):
         if not store.record_received(alias, message.tenant_id, receiver, message.message_id):
+            logger.info("outbox: receiver %s skipped message %s of tenant %s: already handled",
+                        receiver, message.message_id, message.tenant_id)
             return False, None
         return True, handler(message)
 
@@ -64,17 +76,41 @@ def receiver(
     """Decorate a task function to receive outbox envelopes once each.
 
     The decorated function takes a :class:`Message` (plus any further
-    arguments the task is called with) and is skipped for a duplicate.
+    arguments the task is called with) and is skipped for a duplicate. When a
+    Celery worker runs it as a task's body, a failure is retried with backoff
+    (``OUTBOX["RECEIVER_RETRY_BACKOFF"]``, ``RECEIVER_RETRY_BACKOFF_MAX``) up to
+    ``OUTBOX["RECEIVER_MAX_ATTEMPTS"]`` attempts, then the message is parked in
+    ``outbox_dead_letters`` as ``celery:<task name>`` (see :mod:`outbox.celery`).
+    Called directly, eagerly or by ``apply()``, a failure simply propagates.
     """
 
     def decorate(func: Callable[..., T]) -> Callable[..., T | None]:
         @functools.wraps(func)
         def wrapper(envelope: dict[str, Any], *args: Any, **kwargs: Any) -> T | None:
-            _, result = receive(
-                envelope, lambda m: func(m, *args, **kwargs), receiver=name, using=using
-            )
-            return result
+            def handle(message: Message) -> T | None:
+                _, result = receive(
+                    message, lambda m: func(m, *args, **kwargs), receiver=name, using=using
+                )
+                return result
 
+            task = _running_task(wrapper)
+            if task is None:
+                return handle(Message.from_envelope(envelope)
+                              if not isinstance(envelope, Message) else envelope)
+            from outbox.celery import deliver
+
+            return deliver(task, envelope, handle, using=using)
+
+        wrapper.outbox_receiver = name  # type: ignore[attr-defined]
         return wrapper
 
     return decorate
+
+
+def _running_task(run: Callable[..., Any]) -> Any:
+    """The Celery task a worker runs with ``run`` as its body (None without Celery)."""
+    try:
+        from outbox.celery import running_task
+    except ImportError:  # Celery is an optional extra
+        return None
+    return running_task(run)

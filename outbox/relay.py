@@ -27,6 +27,13 @@ statement of its own, so relays work through pgbouncer in transaction mode
 The lease decides who works, never what is delivered: the compare-and-set in
 4 keeps a relay that lost its lease (its heartbeat could not reach the
 database) from moving the offset under the one that took over.
+
+:func:`rewind` sets a relay's position back (a broker lost messages) and drops
+its lease. The working relay remembers its position only while its lease is
+its own: its heartbeat's next renewal finds the lease gone, and its next round
+claims the lease again, which returns the rewound position. A round that was
+already under way when the rewind committed cannot advance: its
+compare-and-set on the old position and the lease fails.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ import os
 import socket
 import threading
 import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from django.db import connections
 
@@ -43,6 +52,7 @@ from django_idempotency_outbox.durations import backoff
 from outbox import store
 from outbox.conf import outbox_settings
 from outbox.consumers import require_cross_tenant_reader
+from outbox.exceptions import RewindRefused
 from outbox.loops import DATABASE_ERRORS, run_loop, stop_on_signals
 from outbox.publishing import wake_up
 from outbox.stream import Batch, Envelope, Message
@@ -57,7 +67,10 @@ class _Heartbeat:
 
     Runs in a daemon thread (Django gives each thread its own connection)
     from the moment the lease is claimed until :meth:`stop`. When a renewal
-    finds the lease taken by another relay, it sets :attr:`lost` and ends. A
+    finds the lease no longer this relay's (another relay took it over, or
+    :func:`rewind` dropped it), it sets :attr:`lost` and ends, and the relay
+    reads its position again before its next round: it never renews a lease,
+    and so never keeps a remembered position, that the row no longer backs. A
     database error is logged and the next beat tries again on a new
     connection; if none succeeds within the lease, another relay may take
     over, and the compare-and-set on the offset keeps this one from moving it.
@@ -88,8 +101,10 @@ class _Heartbeat:
                     _close(relay.alias)
                     continue
                 if not renewed:
-                    logger.warning("outbox: relay %s lost its lease to another relay",
-                                   relay.name)
+                    logger.warning(
+                        "outbox: relay %s lost its lease to another relay (or a rewind "
+                        "dropped it); it reads its position again", relay.name,
+                    )
                     self.lost.set()
                     return
         finally:
@@ -255,3 +270,125 @@ class Relay:
             store.release_lease(self.alias, self.offset_name, self.owner)
         except DATABASE_ERRORS:
             pass  # the lease runs out by itself
+
+
+@dataclass(frozen=True)
+class Rewind:
+    """What :func:`rewind` did (or, on a dry run, would do).
+
+    Attributes:
+        relay: the relay's name.
+        target: the first message sent again (None: nothing to send again).
+        resend: messages sent again, per topic: those the relay had passed
+            from the target on.
+        moved: the relay's position was set back (False on a dry run, and when
+            there was nothing to send again).
+        note: why nothing is sent again, when that is the case.
+    """
+
+    relay: str
+    target: store.StreamMark | None
+    resend: dict[str, int]
+    moved: bool
+    note: str = ""
+
+    @property
+    def count(self) -> int:
+        return sum(self.resend.values())
+
+
+def rewind(
+    to: datetime | uuid.UUID,
+    *,
+    name: str | None = None,
+    dry_run: bool = False,
+    using: str | None = None,
+) -> Rewind:
+    """Set the relay back so that it sends again every message from ``to`` on.
+
+    For a broker that lost messages the relay had already sent (a Redis
+    restarted without persistence, a queue purged by mistake): the outbox
+    keeps every message until ``OUTBOX["RETENTION"]``, so they can be sent
+    again. Receivers skip what they had already handled (``outbox_received``).
+    A running relay carries on from the new position, nothing has to be
+    stopped: the lease is dropped with the move, so the relay's heartbeat
+    finds it gone within a quarter of ``RELAY_LEASE`` and the relay reads its
+    position again; a round already under way fails its compare-and-set on
+    the old position and sends its batch again from there.
+
+    Args:
+        to: a message id (that message and everything after it in delivery
+            order), or a time with a time zone (every message published since,
+            and possibly a few published shortly before, which sort after them).
+        name: the relay (``OUTBOX["RELAY_NAME"]``).
+        dry_run: say what would be sent again; change nothing.
+        using: the system alias.
+
+    Raises:
+        RewindRefused: the target is not in the outbox, or is older than what
+            retention keeps (``RETENTION``: messages after it may be deleted
+            already) or than what receivers remember (``RECEIVED_RETENTION``:
+            they would run those messages' effects a second time).
+    """
+    alias = system_alias(using)
+    require_cross_tenant_reader(alias)
+    relay = name or outbox_settings.RELAY_NAME
+    offset_name = f"relay:{relay}"
+    if isinstance(to, uuid.UUID):
+        target = store.mark_of_message(alias, to)
+        if target is None:
+            raise RewindRefused(
+                f"message {to} is not in the outbox: reap_outbox deleted it, or it was never "
+                "published. Rewind to a time instead."
+            )
+        since = target.created_at
+    else:
+        if to.tzinfo is None:
+            raise ValueError(f"{to.isoformat()} has no time zone; give one (e.g. +00:00)")
+        since = to
+        target = None
+    _refuse_past_retention(alias, since)
+    if target is None:
+        target = store.first_mark_since(alias, since)
+        if target is None:
+            return Rewind(relay, None, {}, False, f"nothing was published since {since}")
+    positions = [r.position for r in store.reader_positions(alias)
+                 if r.name == offset_name and r.partition == 0]
+    if not positions:
+        return Rewind(relay, target, {}, False,
+                      f"relay {relay} has not run yet: it will send everything from the start")
+    current = positions[0]
+    if target.before >= current:
+        return Rewind(relay, target, {}, False,
+                      f"relay {relay} has not sent message {target.message_id} yet")
+    resend = store.count_between(alias, target.before, current)
+    moved = not dry_run and store.set_relay_position(alias, offset_name, target.before)
+    if moved:
+        logger.warning(
+            "outbox: relay %s rewound to message %s (published %s): %d message(s) are sent again",
+            relay, target.message_id, target.created_at.isoformat(), sum(resend.values()),
+        )
+    return Rewind(relay, target, resend, moved)
+
+
+def _refuse_past_retention(alias: str, since: datetime) -> None:
+    now = store.database_now(alias)
+    kept = now - timedelta(seconds=outbox_settings.RETENTION)
+    remembered = now - timedelta(seconds=outbox_settings.RECEIVED_RETENTION)
+    if since < kept:
+        oldest = store.oldest_mark(alias)
+        has = (f"the oldest message kept is {oldest.message_id}, published {oldest.created_at}"
+               if oldest else "the outbox is empty")
+        raise RewindRefused(
+            f"{since} is older than what the outbox keeps: reap_outbox deletes messages older "
+            f'than OUTBOX["RETENTION"] that every reader has passed, so messages published '
+            f"between {since} and {kept} may be missing and would not be sent again ({has}). "
+            f"Rewind to {kept} or later."
+        )
+    if since < remembered:
+        raise RewindRefused(
+            f"{since} is older than what receivers remember: they forget message ids after "
+            f'OUTBOX["RECEIVED_RETENTION"], so messages published between {since} and '
+            f"{remembered} would have their effects run a second time. Rewind to {remembered} "
+            "or later."
+        )

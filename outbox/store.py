@@ -575,6 +575,128 @@ def release_lease(using: str, name: str, owner: str) -> None:
     ).update(lease_until=None, lease_owner="")
 
 
+# -- rewinding the relay ------------------------------------------------------
+#
+# After a broker lost messages the relay had already passed, the relay is set
+# back to a position before them and sends everything from there again. These
+# are the only statements that know what "the position just before a message"
+# is: id - 1 in the id delivery order (_MARK_COLUMNS). A reader set there reads
+# the message next, and every message at or after the target, and only those,
+# lie above it.
+
+
+@dataclass(frozen=True, slots=True)
+class StreamMark:
+    """A message as a place to rewind a reader to.
+
+    Attributes:
+        before: the reader position just before the message (its id - 1): a
+            reader set there reads the message next.
+        message_id, created_at: the message's.
+    """
+
+    before: int
+    message_id: uuid.UUID
+    created_at: datetime
+
+
+_MARK_COLUMNS = "m.id - 1, m.message_id, m.created_at"
+
+# There is no index on message_id: an operator's one-off lookup scans the outbox.
+_MARK_OF_MESSAGE = f"SELECT {_MARK_COLUMNS} FROM outbox_messages AS m WHERE m.message_id = %s"
+
+# Hand-written: the first message in delivery order published at or after a
+# time, along the delivery index, filtered. created_at is each transaction's
+# start time, which is not the delivery order (a transaction that started
+# earlier may take a larger id), hence "first in order", not "first in time":
+# every message published since has an id at least this one's.
+_FIRST_MARK_SINCE = f"""
+SELECT {_MARK_COLUMNS} FROM outbox_messages AS m
+ WHERE m.created_at >= %s ORDER BY m.id LIMIT 1
+"""
+
+_OLDEST_MARK = f"SELECT {_MARK_COLUMNS} FROM outbox_messages AS m ORDER BY m.created_at LIMIT 1"
+
+# Hand-written: messages a reader moved from ``upto`` back to ``after`` reads
+# again, per topic, along the delivery index.
+_COUNT_BETWEEN = """
+SELECT m.topic, count(*) FROM outbox_messages AS m
+ WHERE m.id > %s AND m.id <= %s
+ GROUP BY m.topic ORDER BY m.topic
+"""
+
+# Hand-written: only backwards (a forward move would skip messages), and the
+# lease is dropped. A relay that holds it notices either way: its heartbeat's
+# next renewal finds the lease no longer its own (so it claims the lease again,
+# which returns this position, instead of carrying on from the one it
+# remembers), and its compare-and-set on the old position and its lease fails
+# if it tries to advance first.
+_SET_RELAY_POSITION = """
+UPDATE consumer_offsets
+   SET last_id = %s, last_processed_at = now(),
+       lease_owner = '', lease_until = NULL
+ WHERE name = %s AND partition = 0 AND last_id > %s
+"""
+
+
+def _mark(row: Sequence[Any] | None) -> StreamMark | None:
+    if row is None:
+        return None
+    before, message_id, created_at = row
+    return StreamMark(int(before), message_id, created_at)
+
+
+def mark_of_message(using: str, message_id: uuid.UUID) -> StreamMark | None:
+    """The message ``message_id`` as a place to rewind to (None: not in the outbox)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(_MARK_OF_MESSAGE, [message_id])
+        return _mark(cursor.fetchone())
+
+
+def first_mark_since(using: str, since: datetime) -> StreamMark | None:
+    """The first message in delivery order published at or after ``since`` (None: none).
+
+    A reader set just before it reads every message published since then
+    (and maybe some published a little earlier, which sort after it).
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute(_FIRST_MARK_SINCE, [since])
+        return _mark(cursor.fetchone())
+
+
+def oldest_mark(using: str) -> StreamMark | None:
+    """The oldest message still kept (None: the outbox is empty)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(_OLDEST_MARK)
+        return _mark(cursor.fetchone())
+
+
+def count_between(using: str, after: int, upto: int) -> dict[str, int]:
+    """Messages after position ``after`` up to ``upto`` (included), per topic."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(_COUNT_BETWEEN, [after, upto])
+        return {topic: int(count) for topic, count in cursor.fetchall()}
+
+
+def set_relay_position(using: str, name: str, position: int) -> bool:
+    """Move the relay offset row ``name`` back to ``position`` and drop its lease.
+
+    Returns:
+        False when the row does not exist or is not after ``position``.
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute(_SET_RELAY_POSITION, [position, name, position])
+        return cursor.rowcount == 1
+
+
+def database_now(using: str) -> datetime:
+    """The database clock (every time comparison of the library uses it)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT now()")
+        now: datetime = cursor.fetchone()[0]
+        return now
+
+
 # -- dead letters -------------------------------------------------------------
 
 # Hand-written: the row's id comes from an identity the model does not know
@@ -596,6 +718,15 @@ def park(using: str, consumer: str, message: Message, attempts: int, error: str)
     ]
     with connections[using].cursor() as cursor:
         cursor.execute(_PARK, params)
+
+
+def is_parked(using: str, consumer: str, message_id: uuid.UUID) -> bool:
+    """Whether ``consumer`` has already parked ``message_id`` (of the tenants ``using`` sees)."""
+    from outbox.models import DeadLetter
+
+    return DeadLetter.objects.using(using).filter(
+        consumer=consumer, message_id=message_id
+    ).exists()
 
 
 def list_parked(

@@ -19,8 +19,11 @@ class CapturePayment(Phases):
     completable = True
 
     def started(self, ctx):
-        order = Order.objects.filter(pk=ctx.kwargs["pk"]).first()
-        if order is None:  # RLS hides other merchants' orders
+        # Refusals here (404, 409) happen before anything of the request does:
+        # the key is forgotten, nothing is left pending (docs/phases.md).
+        pk = str(ctx.kwargs["pk"])
+        order = Order.objects.filter(pk=int(pk)).first() if pk.isdigit() else None
+        if order is None:  # not an order id, or RLS hides another merchant's order
             raise NotFound("No such order.")
         if order.status == Order.Status.PAID:
             return Finish(409, {"detail": "The order is already paid.", "code": "already_paid"})

@@ -3,15 +3,20 @@
 from celery import shared_task
 from django.core.mail import send_mail
 
-from outbox import receiver
+from outbox import ReceiverTask, receiver
 
 from .models import Receipt
 
 
-@shared_task(name="shop.send_receipt")
+@shared_task(name="shop.send_receipt", base=ReceiverTask)
 @receiver("shop.send_receipt")
 def send_receipt(message):
-    """Send the receipt of a paid order once, however often the relay delivers it."""
+    """Send the receipt of a paid order once, however often the relay delivers it.
+
+    A failure (the database restarting, say) is retried with backoff, and the
+    message parked after OUTBOX["RECEIVER_MAX_ATTEMPTS"]; a worker killed while
+    sending leaves the message with Redis, which delivers it again.
+    """
     payload = message.payload
     Receipt.objects.create(
         tenant_id=message.tenant_id, order_id=payload["order"], email=payload["email"]

@@ -19,6 +19,8 @@ from tests.testapp.payments import CapturePayment
 
 BOUNDARIES = ["after_key_insert", "in_local_phase", "after_local_phase", "after_gateway",
               "before_response"]
+#: In "started", before its recovery point commits: a failure there leaves nothing.
+FIRST_PHASE = {"after_key_insert", "in_local_phase"}
 
 
 def capture(client, key="cap-1", order="A1", amount=1000, user="alice"):
@@ -62,8 +64,11 @@ def test_an_exception_at_every_boundary_then_a_retry_charges_once(client, gatewa
     crash("raise", boundary)
     failed = capture(client)
     assert failed.status_code == 500
-    state, _, _, _, leased = key_row()
-    assert state == "pending" and not leased  # the lease was released at once
+    if boundary in FIRST_PHASE:
+        assert key_row() is None  # nothing of it happened: forgotten, nothing pending
+    else:
+        state, _, _, _, leased = key_row()
+        assert state == "pending" and not leased  # the lease was released at once
     retry = capture(client)
     assert retry.status_code == 201, retry.content
     assert "Idempotent-Replayed" not in retry

@@ -23,7 +23,7 @@ PARAMS = {
     "method": "POST", "path": "/x", "state": "completed", "status_code": 201,
     "response": b"{}", "response_headers": "[]", "ttl": timedelta(hours=1),
     "recovery_point": "started", "request_data": "{}", "phase_state": "{}",
-    "lease": timedelta(seconds=30), "token": 1,
+    "lease": timedelta(seconds=30), "token": 1, "after": timedelta(hours=1), "limit": 10,
 }
 
 STATEMENTS = sorted(
@@ -70,7 +70,8 @@ def test_every_statement_is_valid_against_the_table(name):
 @pytest.mark.parametrize(
     "name, row_type",
     [("_LOOKUP_AND_LOCK", store.KeyLookup), ("_LOOKUP_ONLY", store.KeyLookup),
-     ("_CLAIM", store.Claim), ("_TAKE_OVER", store.Claim)],
+     ("_CLAIM", store.Claim), ("_TAKE_OVER", store.Claim),
+     ("_GIVE_UP_UNTOUCHED", store.GivenUp)],
 )
 def test_a_row_types_fields_are_its_statements_columns(name, row_type):
     with tenant_context(1), app_connection().cursor() as cursor:

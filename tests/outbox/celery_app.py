@@ -26,6 +26,7 @@ app = Celery("dio_outbox_tests", broker=settings.CELERY_BROKER_URL)
 app.conf.update(
     task_default_queue=settings.OUTBOX["CELERY_QUEUE"],
     task_acks_late=True,
+    task_reject_on_worker_lost=True,
     worker_prefetch_multiplier=16,
     broker_connection_retry_on_startup=True,
     task_ignore_result=True,

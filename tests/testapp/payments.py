@@ -19,7 +19,7 @@ from rest_framework import serializers
 
 from idempotency.phases import Finish, Phases, RecoveryPoint, Retry
 from outbox import publish
-from tests.testapp.models import Payment
+from tests.testapp.models import Order, Payment
 
 
 class Crash(Exception):
@@ -94,3 +94,22 @@ class CapturePayment(Phases):
             {"payment": ctx.state["payment_id"], "charge": ctx.state["charge_id"]},
             headers={"Location": f"/payments/{ctx.state['payment_id']}/"},
         )
+
+
+class CaptureOrder(Phases):
+    """Capturing an Order by its id from the URL: bad input meets the first phase.
+
+    ``/orders/abc/capture/`` makes ``Order.objects.get`` raise ValueError (not
+    a DRF exception), a missing id raises DoesNotExist; an order already
+    captured is refused with ``Finish(409)``, a status that is not stored.
+    """
+
+    scope = "order.capture"
+    completable = True
+
+    def started(self, ctx):
+        order = Order.objects.get(pk=ctx.kwargs["pk"])
+        if order.note == "captured":
+            return Finish(409, {"detail": "Already captured.", "code": "already_captured"})
+        Order.objects.filter(pk=order.pk).update(note="captured")
+        return Finish(201, {"order": order.pk})

@@ -6,7 +6,7 @@ here makes every process know it, not only those that load the URLconf.
 process finds it only through that discovery (tests/idempotency/test_discovery.py).
 """
 
-from idempotency import Finish, Phases, Retry
+from idempotency import Finish, Phases, RecoveryPoint, Retry
 from tests.testapp.models import Order
 from tests.testapp.payments import CapturePayment
 
@@ -14,12 +14,19 @@ __all__ = ["CapturePayment", "RecordDelivery"]
 
 
 class RecordDelivery(Phases):
-    """Records a delivery; with ``fail_first``, the first run fails transiently."""
+    """Records a delivery; with ``fail_first``, the first run fails transiently.
+
+    The failure comes after a committed recovery point, so the key stays
+    pending for the completer (a failure before anything happened forgets it).
+    """
 
     scope = "test.delivery"
     completable = True
 
     def started(self, ctx):
+        return RecoveryPoint("booked")
+
+    def booked(self, ctx):
         if ctx.data.get("fail_first") and ctx.attempt == 1:
             raise Retry("The courier did not answer.")
         order = Order.objects.create(tenant_id=ctx.tenant_id, sku=ctx.data["sku"])

@@ -21,6 +21,7 @@ urlpatterns = [
     path("tenant-orders/", views.TenantOrderViewSet.as_view(create)),
     path("django-orders/", views.plain_django_create),
     path("payments/<str:order>/capture/", views.CaptureView.as_view()),
+    path("orders/<str:pk>/capture/", views.CaptureOrderView.as_view()),
     path("scoped-orders/", views.ScopedOrderViewSet.as_view(collection)),
     path("scoped-orders/<int:pk>/", views.ScopedOrderViewSet.as_view(item)),
     path("order-book/", views.IdempotentOrderBookViewSet.as_view(collection)),

@@ -14,7 +14,7 @@ from idempotency import IdempotentViewMixin, idempotent
 from tenancy import TenantScopedViewMixin, current_tenant_id, tenant_context, tenant_scoped
 from tenancy.resolver import resolve_tenant
 from tests.testapp.models import Order, PlainOrder
-from tests.testapp.payments import CapturePayment
+from tests.testapp.payments import CaptureOrder, CapturePayment
 
 
 class PaymentDeclined(APIException):
@@ -174,6 +174,15 @@ class CaptureView(IdempotentViewMixin, APIView):
     idempotency_phases = CapturePayment
 
     def post(self, request, order):
+        raise AssertionError("phases views run their program, not this method")
+
+
+class CaptureOrderView(IdempotentViewMixin, APIView):
+    """Phases mode on an order id taken from the URL, unchecked (tests/testapp/payments.py)."""
+
+    idempotency_phases = CaptureOrder
+
+    def post(self, request, pk):
         raise AssertionError("phases views run their program, not this method")
 
 

@@ -45,5 +45,14 @@ class Command(BaseCommand):
             f"Found {report.found} abandoned keys: {report.completed} completed, "
             f"{report.failed} failed again, {report.skipped} skipped ({report.seconds:.2f} s)."
         )
-        if report.failed:
-            raise CommandError(f"{report.failed} keys failed again; they stay pending.")
+        if report.gave_up:
+            self.stdout.write(self.style.ERROR(
+                f"Gave up on {report.gave_up} keys after IDEMPOTENCY[\"COMPLETE_MAX_ATTEMPTS\"] "
+                "failed attempts: they answer the abandoned problem from now on, and may have "
+                "partly taken effect (-v 2 lists them)."
+            ))
+        if report.failed or report.gave_up:
+            raise CommandError(
+                f"{report.failed} keys failed again; they stay pending."
+                if report.failed else f"{report.gave_up} keys were given up on."
+            )

@@ -56,6 +56,18 @@ class Command(BaseCommand):
             f"{verb} {report.deleted} expired idempotency keys of {report.tenants} tenants"
             f"{batches} ({report.seconds:.2f} s)."
         )
+        if report.gave_up:
+            verb = "Would give up" if report.dry_run else "Gave up"
+            self.stdout.write(self.style.ERROR(
+                f"{verb} on {report.gave_up} pending keys untouched for "
+                f'IDEMPOTENCY["GIVE_UP_AFTER"]: they answer the abandoned problem from now on, '
+                "and may have partly taken effect:"
+            ))
+            for given in report.given_up:
+                self.stdout.write(
+                    f"  tenant {given.tenant_id} scope {given.scope} key {given.key!r} "
+                    f"stopped at {given.recovery_point or 'started'}"
+                )
         if report.stuck_count:
             self.stdout.write(
                 self.style.WARNING(

@@ -1,0 +1,318 @@
+"""The Celery side of receivers: retries, dead letters, and the settings they need.
+
+A Celery task built with :func:`outbox.receiver` is what the relay's messages
+end in, so its failures must not lose them. Run by a worker, a receiver that
+fails (a lost database, a deadlock, a broker error, a bug) is retried with a
+growing pause (``OUTBOX["RECEIVER_RETRY_BACKOFF"]`` doubling up to
+``RECEIVER_RETRY_BACKOFF_MAX``); after ``RECEIVER_MAX_ATTEMPTS`` attempts the
+message is parked in ``outbox_dead_letters`` (as its tenant, under row-level
+security) with an ERROR log naming it, and ``manage.py outbox_parked
+--redrive`` handles it again. If even parking fails (the database is still
+down), the message is retried again later: it is never acknowledged without
+either its effect or its dead letter.
+
+What a worker and its broker must do for that promise, and what this module
+checks (``manage.py check`` and a warning when a worker starts):
+
+- acknowledge late (``acks_late``), so that a worker that dies while running
+  the task leaves the message with the broker;
+- reject, not acknowledge, when the pool process running it is lost
+  (``reject_on_worker_lost``), and when it is killed by its hard time limit;
+- on Redis (and SQS), a visibility timeout longer than the task can run and
+  than the longest retry pause: a message taken by a worker that died is
+  delivered again once the visibility timeout has passed (an hour by
+  default), and one still unacknowledged after it is delivered a second time;
+- on Redis, an append-only file (``appendonly yes``): without it a restart of
+  Redis loses every queued task (``relay_outbox --rewind-to`` sends them again).
+
+:class:`ReceiverTask` is a task base class with the first three set, whatever
+the app's defaults::
+
+    @app.task(base=ReceiverTask, name="shop.send_receipt")
+    @receiver("shop.send_receipt")
+    def send_receipt(message): ...
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, NoReturn, TypeVar
+from urllib.parse import urlsplit
+
+from celery import Task
+from celery.exceptions import Ignore, Reject, Retry
+from celery.signals import worker_ready
+from django.utils import timezone
+from django.utils.module_loading import import_string
+from kombu.utils.url import maybe_sanitize_url
+
+from django_idempotency_outbox.durations import backoff
+from outbox import store
+from outbox.conf import outbox_settings
+from outbox.stream import Message
+from tenancy import tenant_context
+from tenancy.aliases import app_alias
+
+logger = logging.getLogger("outbox")
+
+T = TypeVar("T")
+
+#: How the dead letters of a Celery task are named in ``outbox_dead_letters.consumer``.
+DEAD_LETTER_PREFIX = "celery:"
+
+#: A broker's visibility timeout where the transport's own default applies (seconds).
+_DEFAULT_VISIBILITY = {"redis": 3600.0, "rediss": 3600.0, "sentinel": 3600.0, "sqs": 30.0}
+
+
+class ReceiverTask(Task):  # type: ignore[misc]
+    """A Celery task base class for outbox receivers.
+
+    Acknowledges late, rejects (so the broker delivers again) when its pool
+    process is lost or killed by its hard time limit, and leaves its retries
+    to :func:`outbox.receiver` (Celery's own ``max_retries`` does not count).
+    """
+
+    acks_late = True
+    reject_on_worker_lost = True
+    acks_on_failure_or_timeout = False
+    acks_on_timeout = False  # Celery >= 5.5 reads this one for time limits
+    max_retries = None
+
+
+def dead_letter_name(task_name: str) -> str:
+    """The ``consumer`` of a Celery task's dead letters: ``celery:<task name>``."""
+    return f"{DEAD_LETTER_PREFIX}{task_name}"
+
+
+def running_task(run: Callable[..., Any]) -> Task | None:
+    """The task a worker is running with ``run`` as its body, else None.
+
+    None when ``run`` is called as a plain function, through ``apply()`` or
+    eagerly, or from inside another task's body.
+    """
+    from celery import current_task
+
+    task = current_task._get_current_object()
+    if task is None or getattr(task, "run", None) is not run:
+        return None
+    request = task.request
+    if request.called_directly or request.is_eager:
+        return None
+    return task
+
+
+def deliver(task: Task, envelope: Any, handle: Callable[[Message], T],
+            *, using: str | None = None) -> T:
+    """Run ``handle(message)`` for ``task``: retry on failure, park when attempts run out.
+
+    Raises:
+        celery.exceptions.Retry: a retry was sent (Celery acknowledges this delivery).
+        celery.exceptions.Reject: the retry could not be sent; the message goes
+            back to the queue.
+        Exception: the handler's error, once the message is parked.
+    """
+    try:
+        message = envelope if isinstance(envelope, Message) else Message.from_envelope(envelope)
+    except (KeyError, TypeError, ValueError) as exc:
+        logger.error("outbox: task %s[%s] received %r, which is not an outbox message: %s",
+                     task.name, task.request.id, envelope, exc)
+        raise
+    attempt = task.request.retries + 1
+    try:
+        return handle(message)
+    except (Retry, Ignore, Reject):
+        raise  # the handler's own instructions to Celery
+    except Exception as exc:
+        limit = outbox_settings.RECEIVER_MAX_ATTEMPTS
+        if attempt < limit:
+            pause = _pause(attempt)
+            logger.warning(
+                "outbox: task %s failed on message %s of tenant %s (attempt %d of %d): %s: %s;"
+                " retrying in %.1f s", task.name, message.message_id, message.tenant_id,
+                attempt, limit, type(exc).__name__, exc, pause,
+            )
+            _retry(task, exc, pause)
+        try:
+            _park(task, message, attempt, exc, using)
+        except Exception as parking:
+            pause = outbox_settings.RECEIVER_RETRY_BACKOFF_MAX
+            logger.error(
+                "outbox: task %s could not park message %s of tenant %s after %d attempts"
+                " (%s: %s); trying it again in %.1f s", task.name, message.message_id,
+                message.tenant_id, attempt, type(parking).__name__, parking, pause,
+            )
+            _retry(task, exc, pause)
+        logger.error(
+            "outbox: task %s gave up on message %s of tenant %s after %d attempts and parked"
+            " it as %s (manage.py outbox_parked --redrive handles it again): %s: %s",
+            task.name, message.message_id, message.tenant_id, attempt,
+            dead_letter_name(task.name), type(exc).__name__, exc,
+        )
+        raise
+
+
+def _pause(attempt: int) -> float:
+    s = outbox_settings
+    return backoff(attempt, s.RECEIVER_RETRY_BACKOFF, s.RECEIVER_RETRY_BACKOFF_MAX)
+
+
+def _retry(task: Task, exc: Exception, pause: float) -> NoReturn:
+    # Celery's own limit must not stop us first: ours is the attempts setting.
+    limit = task.request.retries + 1
+    try:
+        task.retry(exc=exc, countdown=pause, max_retries=limit)
+    except Reject as rejected:
+        # Celery could not send the retry (the broker is down) and would drop the
+        # message: put it back instead. If even that fails, the broker keeps it
+        # unacknowledged and delivers it again after its visibility timeout.
+        raise Reject(rejected.reason, requeue=True) from exc
+    raise AssertionError("Task.retry() returned")  # pragma: no cover - it always raises
+
+
+def _park(task: Task, message: Message, attempts: int, exc: Exception,
+          using: str | None) -> None:
+    alias = app_alias(using)
+    consumer = dead_letter_name(task.name)
+    if message.created_at is None:
+        message = replace(message, created_at=timezone.now())
+    error = "".join(traceback.format_exception(exc)).strip()
+    with tenant_context(message.tenant_id, using=alias):
+        if not store.is_parked(alias, consumer, message.message_id):
+            store.park(alias, consumer, message, attempts, error)
+
+
+# -- re-driving ------------------------------------------------------------------
+
+
+def celery_app() -> Any:
+    """The Celery app the outbox sends to: ``OUTBOX["CELERY_APP"]``, else Celery's current app."""
+    name = outbox_settings.CELERY_APP
+    if not name:
+        from celery import current_app
+
+        return current_app._get_current_object()
+    return import_string(name) if isinstance(name, str) else name
+
+
+def receiver_body(task_name: str) -> Callable[..., Any] | None:
+    """The body of the receiver task ``task_name`` (its tasks' modules imported), or None."""
+    app = celery_app()
+    app.loader.import_default_modules()
+    task = app.tasks.get(task_name)
+    run = getattr(task, "run", None)
+    return run if getattr(run, "outbox_receiver", None) else None
+
+
+# -- what a worker and its broker must do --------------------------------------
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A setting of a Celery app that breaks a receiver's promise."""
+
+    id: str
+    message: str
+    hint: str
+
+
+def receiver_tasks(app: Any) -> list[Any]:
+    """The app's tasks whose body is an :func:`outbox.receiver`, by name."""
+    return [task for name, task in sorted(app.tasks.items())
+            if getattr(getattr(task, "run", None), "outbox_receiver", None)]
+
+
+def visibility_timeout(app: Any) -> float | None:
+    """The broker's visibility timeout in seconds, or None if the broker has none."""
+    scheme = urlsplit(str(app.conf.broker_url or "")).scheme.split("+")[0]
+    if scheme not in _DEFAULT_VISIBILITY:
+        return None
+    options = app.conf.broker_transport_options or {}
+    return float(options.get("visibility_timeout", _DEFAULT_VISIBILITY[scheme]))
+
+
+def check_app(app: Any) -> list[Problem]:
+    """What in ``app``'s configuration lets a receiver lose a message or run it twice."""
+    problems: list[Problem] = []
+    hint = "Give the task base=outbox.celery.ReceiverTask (docs/outbox.md)."
+    timeout = visibility_timeout(app)
+    for task in receiver_tasks(app):
+        name = task.name
+        if not task.acks_late:
+            problems.append(Problem(
+                "outbox.W101",
+                f"Celery task {name} receives outbox messages but acknowledges them early: "
+                "a worker that dies while running it loses the message.", hint))
+        if not task.reject_on_worker_lost:
+            problems.append(Problem(
+                "outbox.W102",
+                f"Celery task {name} receives outbox messages but does not set "
+                "reject_on_worker_lost: when its pool process dies, Celery acknowledges "
+                "the message and its effect is lost.", hint))
+        limit = task.time_limit or app.conf.task_time_limit
+        acks_on_timeout = getattr(task, "acks_on_timeout", None)
+        if acks_on_timeout is None:
+            acks_on_timeout = task.acks_on_failure_or_timeout
+        if limit and acks_on_timeout is not False:
+            problems.append(Problem(
+                "outbox.W103",
+                f"Celery task {name} receives outbox messages and has a hard time limit "
+                f"({limit} s), after which Celery acknowledges the message: its effect is lost.",
+                hint))
+        runtime = max(float(task.time_limit or app.conf.task_time_limit or 0),
+                      float(task.soft_time_limit or app.conf.task_soft_time_limit or 0))
+        pause = outbox_settings.RECEIVER_RETRY_BACKOFF_MAX
+        if timeout is not None and (timeout <= runtime or timeout <= pause):
+            longest = "its time limit" if timeout <= runtime else "the longest retry pause"
+            problems.append(Problem(
+                "outbox.W104",
+                f"The broker's visibility timeout ({timeout:g} s) is not longer than "
+                f"{longest} of Celery task {name}: the broker delivers the message a second "
+                "time while the first delivery is still running or waiting.",
+                'Raise broker_transport_options["visibility_timeout"], or lower the time '
+                'limit or OUTBOX["RECEIVER_RETRY_BACKOFF_MAX"].'))
+    return problems
+
+
+def redis_keeps_nothing(app: Any) -> str | None:
+    """The broker's URL when it is a Redis without an append-only file, else None.
+
+    None too when it cannot be asked (not Redis, ``CONFIG`` refused, unreachable).
+    """
+    if visibility_timeout(app) is None or not str(app.conf.broker_url).startswith("redis"):
+        return None
+    try:
+        with app.connection_for_read() as connection:
+            client = connection.default_channel.client
+            appendonly = client.config_get("appendonly").get("appendonly")
+    except Exception as exc:  # a managed Redis may refuse CONFIG: nothing to say then
+        logger.debug("outbox: could not ask the broker about its persistence: %s", exc)
+        return None
+    return str(maybe_sanitize_url(app.conf.broker_url)) if appendonly == "no" else None
+
+
+def warn_on_worker_start(sender: Any = None, **kwargs: Any) -> None:
+    """``worker_ready`` handler: log what in this worker's setup can lose a message."""
+    app = getattr(sender, "app", None)
+    if app is None:
+        return
+    for problem in check_app(app):
+        logger.warning("outbox: %s (%s) %s", problem.message, problem.id, problem.hint)
+    timeout = visibility_timeout(app)
+    if timeout is not None and receiver_tasks(app):
+        logger.info(
+            "outbox: a message taken by a worker that dies is delivered again once the "
+            "broker's visibility timeout (%g s) has passed", timeout)
+    url = redis_keeps_nothing(app)
+    if url is not None:
+        logger.warning(
+            "outbox: the Redis broker %s keeps no append-only file (appendonly no): a restart "
+            "of Redis loses every queued task. Set appendonly yes (docs/operations.md); "
+            "relay_outbox --rewind-to sends lost messages again. (outbox.W105)", url)
+
+
+def connect_signals() -> None:
+    """Connected by ``OutboxConfig.ready()``."""
+    worker_ready.connect(warn_on_worker_start, dispatch_uid="outbox.celery.warn_on_worker_start")

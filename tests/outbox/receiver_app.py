@@ -1,0 +1,71 @@
+"""The Celery app of the fault tests: a receiver built as the docs say.
+
+``celery -A tests.outbox.receiver_app worker``: one task,
+``tests.faults.receive``, an ``outbox.ReceiverTask`` whose body is an
+``outbox.receiver``. Its effect is an Order whose note is the message id; the
+payload steers it:
+
+- ``sleep``: seconds to wait inside the transaction, after the write (so a
+  duplicate delivered meanwhile waits for it);
+- ``hold``: a directory; the first delivery writes ``<message id>.pid``
+  there (its process id) and then waits for a minute, to be killed;
+- ``fail_while``: a file; the receiver raises while it exists.
+
+``DIO_VISIBILITY_TIMEOUT`` sets the broker's visibility timeout, and the
+broker looks for unacknowledged messages every second, so that a message
+taken by a killed worker comes back within seconds (an hour by default).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.outbox.fault_settings")
+django.setup()
+
+from celery import Celery  # noqa: E402
+from django.conf import settings  # noqa: E402
+
+from outbox import ReceiverTask, receiver  # noqa: E402
+from outbox.stream import Message  # noqa: E402
+from tenancy import current_tenant_id  # noqa: E402
+from tests.testapp.models import Order  # noqa: E402
+
+TASK = "tests.faults.receive"
+
+app = Celery("dio_receiver_tests", broker=settings.CELERY_BROKER_URL)
+app.conf.update(
+    task_default_queue=settings.OUTBOX["CELERY_QUEUE"],
+    worker_prefetch_multiplier=4,
+    broker_connection_retry_on_startup=True,
+    task_ignore_result=True,
+    broker_transport_options={
+        "visibility_timeout": float(os.environ.get("DIO_VISIBILITY_TIMEOUT", "3600")),
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    },
+)
+
+
+@app.task(base=ReceiverTask, name=TASK)
+@receiver(TASK)
+def receive(message: Message) -> None:
+    payload = message.payload
+    Order.objects.create(
+        tenant_id=current_tenant_id(),
+        sku=str(payload.get("sku", ""))[:50],
+        note=str(message.message_id),
+    )
+    if payload.get("fail_while") and Path(payload["fail_while"]).exists():
+        raise RuntimeError(f"failing while {payload['fail_while']} exists")
+    if payload.get("sleep"):
+        time.sleep(float(payload["sleep"]))
+    if payload.get("hold"):
+        marker = Path(payload["hold"]) / f"{message.message_id}.pid"
+        if not marker.exists():
+            marker.write_text(str(os.getpid()))
+            time.sleep(60)
