@@ -62,6 +62,7 @@ from typing import Any, ClassVar
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connections, transaction
+from django.utils.datastructures import MultiValueDict
 
 from django_idempotency_outbox.errors import ConfigurationError
 from idempotency import store
@@ -77,6 +78,8 @@ from idempotency.core import (
     retry_while_in_progress,
 )
 from idempotency.exceptions import IdempotencyError, LeaseLost, UnknownRecoveryPoint
+from idempotency.fingerprint import canonical_json
+from idempotency.inputs import check_storable
 from tenancy import tenant_context
 from tenancy.aliases import app_alias
 
@@ -201,6 +204,11 @@ class Phases:
             is then refused.
         ttl: how long the final answer is replayed (``IDEMPOTENCY["TTL"]``).
         completable: let the completer finish requests abandoned by clients.
+        data_fields: the fields of the request body the program reads: they
+            are ``ctx.data``, and they are stored with the pending key so that
+            a retry or the completer resumes with them. ``()`` (the default)
+            stores none; ``"__all__"`` stores the whole body. At most
+            ``MAX_STORED_DATA`` bytes are stored, more is refused (413).
     """
 
     scope: ClassVar[str] = ""
@@ -208,6 +216,7 @@ class Phases:
     lease: ClassVar[timedelta | int | float | None] = None
     ttl: ClassVar[timedelta | int | None] = None
     completable: ClassVar[bool] = False
+    data_fields: ClassVar[tuple[str, ...] | list[str] | str] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -261,6 +270,29 @@ def completable_scopes() -> list[str]:
     return sorted(scope for scope, program in _registry.items() if program.completable)
 
 
+#: ``data_fields`` value that keeps the whole body.
+ALL_FIELDS = "__all__"
+
+
+def program_data(program: type[Phases], body: Any) -> Any:
+    """The part of a parsed body that ``program`` reads (``ctx.data``), as JSON.
+
+    The fields named by ``data_fields`` of an object body (a form's fields
+    as lists of strings), or the whole body for ``"__all__"``; uploaded files
+    count by their digests. Absent fields are left out.
+    """
+    fields = program.data_fields
+    if fields == ALL_FIELDS:
+        picked = body
+    elif isinstance(body, MultiValueDict):
+        picked = {name: body.getlist(name) for name in fields if name in body}
+    elif isinstance(body, Mapping):
+        picked = {name: body[name] for name in fields if name in body}
+    else:
+        picked = {}
+    return json.loads(canonical_json(picked))
+
+
 def lease_of(program: type[Phases]) -> timedelta:
     value = program.lease if program.lease is not None else idempotency_settings.LEASE
     return as_timedelta(value, f"{program.__qualname__}.lease")
@@ -285,7 +317,8 @@ def execute(
             should be ``program.scope``).
         data, kwargs, principal: what the phases see in ``ctx``; stored with
             the key so that a retry after a crash, or the completer, sees the
-            same (``data`` must be JSON-serialisable).
+            same (``data`` must be JSON-serialisable; the mixin passes
+            :func:`program_data`).
         on_exception: turns an exception raised by a phase into an answer
             (e.g. DRF's ``ValidationError`` into its 400), or returns None to
             treat it as transient and re-raise it. Answers are then stored or
@@ -296,6 +329,10 @@ def execute(
     Returns:
         A :class:`~idempotency.core.Result` whose ``value`` (when executed) and
         ``stored`` (when replayed) are :class:`StoredResponse` objects.
+
+    Raises:
+        RequestRefused: before anything is stored, when what would be stored
+            is over ``MAX_STORED_DATA`` bytes or holds a NUL character.
     """
     alias = app_alias(using)
     if connections[alias].in_atomic_block:
@@ -309,6 +346,7 @@ def execute(
         program.ttl if program.ttl is not None else idempotency_settings.TTL, "ttl"
     )
     stored_data = {"data": data, "kwargs": dict(kwargs or {}), "principal": principal}
+    check_storable(stored_data)
     claim = retry_while_in_progress(
         lambda: _claim(request, program, stored_data, lease, ttl, alias), wait
     )

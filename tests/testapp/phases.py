@@ -18,6 +18,7 @@ class RecordDelivery(Phases):
 
     scope = "test.delivery"
     completable = True
+    data_fields = ("sku", "fail_first")
 
     def started(self, ctx):
         if ctx.data.get("fail_first") and ctx.attempt == 1:
