@@ -35,13 +35,13 @@ from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooMany
 from django.core.serializers.json import DjangoJSONEncoder
 from django.http import HttpRequest
 
+from django_idempotency_outbox.problems import CONTENT_TOO_LARGE, size_problem
 from idempotency.conf import idempotency_settings
 from idempotency.exceptions import RequestRefused
 
 T = TypeVar("T")
 
 BAD_REQUEST = 400
-CONTENT_TOO_LARGE = 413
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -79,17 +79,9 @@ def parsed(read: Callable[[], T]) -> T:
     """Call ``read`` (which parses the body), turning the parser's limits into refusals."""
     try:
         return read()
-    except RequestDataTooBig:
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        raise too_large(f"The request body is larger than {limit} bytes.") from None
-    except TooManyFieldsSent:
-        limit = settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
-        raise too_large(
-            f"The request has more than {limit} form fields.", "too_many_fields"
-        ) from None
-    except TooManyFilesSent:
-        limit = settings.DATA_UPLOAD_MAX_NUMBER_FILES
-        raise too_large(f"The request has more than {limit} files.", "too_many_files") from None
+    except (RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent) as exc:
+        status, code, detail = size_problem(exc)  # type: ignore[misc]
+        raise RequestRefused(status, code, detail) from None
     except RecursionError:
         raise too_deep() from None
 

@@ -65,6 +65,7 @@ from django.db import connections, transaction
 from django.utils.datastructures import MultiValueDict
 
 from django_idempotency_outbox.errors import ConfigurationError
+from django_idempotency_outbox.problems import reason_phrase
 from idempotency import store
 from idempotency.conf import as_timedelta, idempotency_settings
 from idempotency.core import (
@@ -146,8 +147,8 @@ class Retry(IdempotencyError):  # noqa: N818 - reads as the instruction it is
         self.retry_after = retry_after
 
     def to_stored(self) -> StoredResponse:
-        body = {"type": "about:blank", "status": self.status, "detail": self.detail,
-                "code": "retry"}
+        body = {"type": "about:blank", "title": reason_phrase(self.status), "status": self.status,
+                "detail": self.detail, "code": "retry"}
         after = self.retry_after or idempotency_settings.RETRY_AFTER
         return StoredResponse(
             self.status,

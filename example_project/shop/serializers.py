@@ -12,8 +12,17 @@ class ProductSerializer(serializers.ModelSerializer):
         fields = ["id", "sku", "name", "price_cents", "stock"]
 
 
+class SkuField(serializers.SlugRelatedField):
+    """A product by its SKU; text PostgreSQL cannot hold (a NUL) names no product."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, str) and "\x00" in data:
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 class OrderSerializer(serializers.ModelSerializer):
-    product = serializers.SlugRelatedField(slug_field="sku", queryset=Product.objects.all())
+    product = SkuField(slug_field="sku", queryset=Product.objects.all())
 
     class Meta:
         model = Order
@@ -42,7 +51,11 @@ class OrderSerializer(serializers.ModelSerializer):
 
 
 class OutOfStock(serializers.ValidationError):
+    """409 problem, code ``out_of_stock``, with the field in ``errors``."""
+
     status_code = 409
+    default_code = "out_of_stock"
+    default_detail = "Not enough stock."
 
     def __init__(self):
         super().__init__({"product": ["Not enough stock."]}, code="out_of_stock")
