@@ -254,6 +254,9 @@ class FuzzOrderSerializer(serializers.ModelSerializer):
         model = Order
         fields = ["id", "sku", "quantity", "note"]
 
+    def create(self, validated_data):
+        return Order.objects.create(tenant_id=current_tenant_id(), **validated_data)
+
 
 class FuzzOrderViewSet(IdempotentViewMixin, mixins.CreateModelMixin, viewsets.GenericViewSet):
     idempotency_scope = "order.fuzz"
