@@ -109,7 +109,7 @@ bodies = st.one_of(
         lambda args: deep(*args)
     ),
     st.tuples(json_text, json_values, json_values).map(  # duplicate keys
-        lambda kv: "{%s:%s,%s:%s}" % (encode(kv[0]), encode(kv[1]), encode(kv[0]), encode(kv[2]))
+        lambda kv: f"{{{encode(kv[0])}:{encode(kv[1])},{encode(kv[0])}:{encode(kv[2])}}}"
     ),
     st.integers(300, 6000).map(lambda n: '{"quantity": ' + "9" * n + "}"),  # huge numbers
     st.binary(max_size=64).map(lambda b: b.decode("latin-1")),  # not JSON at all
