@@ -16,8 +16,9 @@ and nothing written. The checks, in the order the flow runs them:
   413s and a JSON document nested past the parser's recursion limit a 400.
 - :func:`check_body`: nesting deeper than ``MAX_BODY_DEPTH`` (400
   ``body_too_deep``), or text that is not Unicode (a lone surrogate such as
-  ``"\\ud800"``: 400 ``body_invalid_text``), which no handler could store,
-  render or send on.
+  ``"\\ud800"``), which no handler could store, render or send on, or that
+  holds a NUL (``"\\u0000"``), which no PostgreSQL text or ``jsonb`` value
+  holds (400 ``body_invalid_text``).
 - :func:`check_storable`: phases mode, the data stored with a pending key:
   a NUL in it (400 ``body_invalid_text``, PostgreSQL's ``jsonb`` has none) or
   more than ``MAX_STORED_DATA`` bytes of it (413 ``stored_data_too_large``).
@@ -94,7 +95,7 @@ def too_deep() -> RequestRefused:
 
 
 def check_body(data: Any) -> None:
-    """Refuse a parsed body nested deeper than ``MAX_BODY_DEPTH``, or with non-Unicode text.
+    """Refuse a parsed body nested deeper than ``MAX_BODY_DEPTH``, or with text no column holds.
 
     Iterative: any depth a parser returns is measured, not recursed into.
     Strings are checked in object keys and values alike.
@@ -119,6 +120,12 @@ def check_body(data: Any) -> None:
 
 
 def _check_text(text: str) -> None:
+    if "\x00" in text:
+        raise RequestRefused(
+            BAD_REQUEST,
+            "body_invalid_text",
+            "The request body has a NUL character (\\u0000), which no text column can hold.",
+        )
     if not text.isascii() and _SURROGATE.search(text):
         raise RequestRefused(
             BAD_REQUEST,

@@ -246,14 +246,26 @@ def test_phases_data_over_max_stored_data_is_413(client, monkeypatch):
     assert nothing_written()
 
 
-def test_a_nul_in_stored_phases_data_is_400_but_not_in_unread_fields(client, gateway):
-    stored = json.dumps({"amount": "5\u0000"})
-    problem(post_raw(client, "/payments/o1/capture/", stored, key="read"),
-            400, "body_invalid_text")
+@pytest.mark.parametrize("path", ["/orders/", "/django-orders/", "/payments/o1/capture/"])
+@pytest.mark.parametrize("body", ['{"sku": "te\\u0000a", "amount": 5}',
+                                  '{"sku": "tea", "amount": 5, "note": {"\\u0000": 1}}'],
+                         ids=["value", "key"])
+def test_a_nul_in_the_body_is_400_body_invalid_text(client, path, body):
+    problem(post_raw(client, path, body), 400, "body_invalid_text")
     assert nothing_written()
-    unread = json.dumps({"amount": 5, "junk": "\u0000"})
-    response = post_raw(client, "/payments/o2/capture/", unread, key="unread")
-    assert response.status_code == 201, response.content
+
+
+@pytest.mark.parametrize("field", ["te\x00a", {"n": ["\x00"]}])
+def test_phases_refuses_to_store_a_nul_however_it_is_called(field):
+    from idempotency import IdempotentRequest, phases
+    from idempotency.exceptions import RequestRefused
+
+    request = IdempotentRequest(tenant_id=1, scope=CapturePayment.scope, key="direct",
+                                fingerprint="f")
+    with pytest.raises(RequestRefused) as refused:
+        phases.execute(CapturePayment, request, data={"amount": field})
+    assert (refused.value.status, refused.value.code) == (400, "body_invalid_text")
+    assert nothing_written()
 
 
 def test_a_program_reads_only_declared_fields_on_its_first_run_too(client, gateway, monkeypatch):
