@@ -27,7 +27,8 @@ def discover_programs() -> None:
 
 def register_schema_extension() -> None:
     """Document the ``Idempotency-Key`` contract in drf-spectacular's schemas, if installed."""
-    from importlib.util import find_spec
-
-    if find_spec("drf_spectacular") is not None:
-        import idempotency.openapi  # noqa: F401 - drf-spectacular finds extensions by import
+    try:
+        import drf_spectacular  # noqa: F401 - the [spectacular] extra
+    except ImportError:
+        return
+    import idempotency.openapi  # noqa: F401 - drf-spectacular finds extensions by import

@@ -14,7 +14,8 @@ class TenancyConfig(AppConfig):
 
 def register_schema_extension() -> None:
     """Document the no-tenant answer in drf-spectacular's schemas, if it is installed."""
-    from importlib.util import find_spec
-
-    if find_spec("drf_spectacular") is not None:
-        import tenancy.openapi  # noqa: F401 - drf-spectacular finds extensions by import
+    try:
+        import drf_spectacular  # noqa: F401 - the [spectacular] extra
+    except ImportError:
+        return
+    import tenancy.openapi  # noqa: F401 - drf-spectacular finds extensions by import
