@@ -273,3 +273,15 @@ def test_a_program_reads_only_declared_fields_on_its_first_run_too(client, gatew
     response = post_raw(client, "/payments/o1/capture/", '{"amount": 5}')
     assert response.status_code == 400  # CaptureInput: amount is required; ctx.data is {}
     assert count_rows("testapp_payment") == 0
+
+
+@pytest.mark.parametrize(
+    "body, content_type, status",
+    [('{"sku": ', "application/json", 400), ("sku=tea", "text/plain", 415)],
+    ids=["malformed-json", "unsupported-media-type"],
+)
+def test_bodies_drf_cannot_parse_are_answered_before_the_key(client, body, content_type, status):
+    assert post_raw(client, "/orders/", body, content_type=content_type).status_code == status
+    assert nothing_written()
+    corrected = post_raw(client, "/orders/", '{"sku": "tea"}')  # the same key, corrected
+    assert corrected.status_code == 201
