@@ -69,8 +69,8 @@ demo-stop:
 	@scripts/demo down
 
 lint: $(STAMP)
-	$(BIN)/ruff check idempotency tenancy outbox tests bench
-	$(BIN)/mypy idempotency tenancy outbox
+	$(BIN)/ruff check idempotency tenancy outbox django_idempotency_outbox tests bench
+	$(BIN)/mypy idempotency tenancy outbox django_idempotency_outbox
 
 # The docs tools live in their own group and stamp, so `make test` stays lean.
 $(DOCS_STAMP): pyproject.toml

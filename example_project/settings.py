@@ -76,12 +76,15 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.TokenAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # DRF's errors as problem details, like the library's own answers.
+    "EXCEPTION_HANDLER": "django_idempotency_outbox.drf.exception_handler",
 }
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "Example shop",
     "DESCRIPTION": "A multi-tenant shop built on django-idempotency-outbox.",
     "VERSION": "1.0",
+    "SERVE_INCLUDE_SCHEMA": False,  # the schema's own URL is not part of the API
 }
 
 TENANCY = {

@@ -26,6 +26,7 @@ __all__ = [
     "PhaseContext",
     "Phases",
     "RecoveryPoint",
+    "RequestRefused",
     "Result",
     "Retry",
     "StoredResponse",
@@ -59,6 +60,7 @@ __getattr__ = lazy_exports(
         "IdempotencyError": "idempotency.exceptions",
         "InvalidKey": "idempotency.exceptions",
         "LeaseLost": "idempotency.exceptions",
+        "RequestRefused": "idempotency.exceptions",
         "UnknownRecoveryPoint": "idempotency.exceptions",
     },
 )
@@ -77,6 +79,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
         IdempotencyError,
         InvalidKey,
         LeaseLost,
+        RequestRefused,
         UnknownRecoveryPoint,
     )
     from idempotency.fingerprint import canonical_path, fingerprint

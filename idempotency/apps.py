@@ -11,6 +11,7 @@ class IdempotencyConfig(AppConfig):
 
         checks.register()
         discover_programs()
+        register_schema_extension()
 
 
 def discover_programs() -> None:
@@ -22,3 +23,12 @@ def discover_programs() -> None:
     from django.utils.module_loading import autodiscover_modules
 
     autodiscover_modules("phases")
+
+
+def register_schema_extension() -> None:
+    """Document the ``Idempotency-Key`` contract in drf-spectacular's schemas, if installed."""
+    try:
+        import drf_spectacular  # noqa: F401 - the [spectacular] extra
+    except ImportError:
+        return
+    import idempotency.openapi  # noqa: F401 - drf-spectacular finds extensions by import

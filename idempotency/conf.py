@@ -33,6 +33,12 @@ class IdempotencySettings(AppSettings):
     TTL = Setting(timedelta(hours=24), duration())
     #: Longest accepted key, in characters.
     MAX_KEY_LENGTH = Setting(255, integer(minimum=1, maximum=255))
+    #: Deepest nesting of arrays and objects accepted in a keyed request's body;
+    #: deeper is a 400 (body_too_deep) before the key is looked up.
+    MAX_BODY_DEPTH = Setting(100, integer(minimum=1, maximum=500))
+    #: Phases mode: the most bytes of request data (the fields a program
+    #: declares, URL arguments, principal) stored with a pending key; more is a 413.
+    MAX_STORED_DATA = Setting(64 * 1024, integer(minimum=1024))
     #: Status codes of the answers the library gives itself.
     STATUS_KEY_MISSING = Setting(400, http_status)
     STATUS_KEY_INVALID = Setting(400, http_status)

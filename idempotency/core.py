@@ -61,9 +61,16 @@ T = TypeVar("T")
 def parse_key(value: str) -> str:
     """Return the key carried by an ``Idempotency-Key`` header value.
 
-    Both a bare token (``abc``) and a Structured Field string (``"abc"``,
-    RFC 8941, with ``\\"`` and ``\\\\`` escapes) are accepted; they name the same
-    key. A key must be 1 to ``MAX_KEY_LENGTH`` characters of printable ASCII.
+    The value is one key: a Structured Field string (``"abc"``, RFC 8941,
+    with ``\\"`` and ``\\\\`` escapes), as the IETF draft writes it, or the same
+    key bare (``abc``), which the library also accepts; both name the same
+    key. A key is 1 to ``MAX_KEY_LENGTH`` characters of printable ASCII; a
+    bare key has no space, comma or quote in it.
+
+    More than one value is refused, not joined: a repeated header reaches the
+    application as one value with the two joined by a comma (``k1,k1``), as
+    does a list (``"k1", "k2"``), and a proxy that duplicates or merges the
+    header must not silently change the key.
 
     Raises:
         InvalidKey: with a message fit for the client.
@@ -74,6 +81,12 @@ def parse_key(value: str) -> str:
         key = _parse_sf_string(value)
     else:
         key = value
+        if "," in key:
+            raise InvalidKey(_MANY_VALUES)
+        if '"' in key:
+            raise InvalidKey("The idempotency key has a stray quote.")
+        if " " in key or "\t" in key:
+            raise InvalidKey("A bare idempotency key has no spaces; quote it.")
     if not key:
         raise InvalidKey("The idempotency key is empty.")
     if not (key.isascii() and key.isprintable()):  # exactly 0x20-0x7E
@@ -83,22 +96,48 @@ def parse_key(value: str) -> str:
     return key
 
 
+_MANY_VALUES = (
+    "The Idempotency-Key header holds more than one value (a repeated header or a list); "
+    "send exactly one key."
+)
+
+
 def _parse_sf_string(value: str) -> str:
-    if len(value) < 2 or not value.endswith('"'):
-        raise InvalidKey("The idempotency key has an unterminated quoted string.")
     out: list[str] = []
-    chars = iter(value[1:-1])
-    for ch in chars:
+    index = 1
+    while index < len(value):
+        ch = value[index]
         if ch == "\\":
-            escaped = next(chars, None)
+            escaped = value[index + 1 : index + 2]
             if escaped not in ('"', "\\"):
                 raise InvalidKey("The idempotency key has an invalid escape.")
             out.append(escaped)
+            index += 2
         elif ch == '"':
-            raise InvalidKey("The idempotency key has a stray quote.")
+            rest = value[index + 1 :].lstrip(" \t")
+            if rest.startswith(","):
+                raise InvalidKey(_MANY_VALUES)
+            if rest:
+                raise InvalidKey("The idempotency key has characters after its closing quote.")
+            return "".join(out)
         else:
             out.append(ch)
-    return "".join(out)
+            index += 1
+    raise InvalidKey("The idempotency key has an unterminated quoted string.")
+
+
+def key_pattern(max_length: int | None = None) -> str:
+    """A regular expression matching exactly the header values :func:`parse_key` accepts.
+
+    It reads the same in ECMA-262 (JSON Schema) and in Python.
+
+    Used by the OpenAPI schema; a header value is matched without its
+    surrounding whitespace.
+    """
+    n = idempotency_settings.MAX_KEY_LENGTH if max_length is None else max_length
+    bare = r"[\x21\x23-\x2B\x2D-\x7E]"
+    quoted = r'(?:[\x20\x21\x23-\x5B\x5D-\x7E]|\\[\x22\x5C])'
+    return f'^(?:{bare}{{1,{n}}}|"{quoted}{{1,{n}}}")$'
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 from django.template.response import SimpleTemplateResponse
 
-from idempotency import flow
+from idempotency import flow, inputs
 from idempotency.conf import as_timedelta
 from idempotency.fingerprint import canonical_path, fingerprint, principal_of
 
@@ -32,6 +32,8 @@ def parsed_body(request: HttpRequest) -> Any:
             return json.loads(request.body or b"null")
         except ValueError:
             return request.body
+        except RecursionError:  # valid, but deeper than the parser goes
+            raise inputs.too_deep() from None
     return request.body
 
 
@@ -71,11 +73,15 @@ def idempotent(
                     response.render()
                 return response
 
+            @functools.cache
+            def body() -> Any:  # parsed once: checked, then fingerprinted
+                return parsed_body(request)
+
             def request_fingerprint() -> str:
                 method = request.method or "POST"
                 path = canonical_path(request.path, request.META.get("QUERY_STRING", ""))
                 principal = principal_of(getattr(request, "user", None))
-                return fingerprint(method, path, principal, parsed_body(request))
+                return fingerprint(method, path, principal, body())
 
             return flow.respond(
                 request,
@@ -86,6 +92,7 @@ def idempotent(
                 ttl=ttl_delta,
                 wait=wait,
                 keyed_view=rendered,
+                body=body,
             )
 
         return wrapper

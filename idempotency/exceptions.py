@@ -19,3 +19,19 @@ class LeaseLost(IdempotencyError):  # noqa: N818 - reads as what happened
 
 class UnknownRecoveryPoint(IdempotencyError):  # noqa: N818
     """A program has no phase for a stored recovery point (a deploy renamed one?)."""
+
+
+class RequestRefused(IdempotencyError):  # noqa: N818 - reads as what happened
+    """A request the library answers with a problem of its own before anything runs.
+
+    Raised while a keyed request is checked (its path, size and body, or what
+    a phases program would store); :func:`idempotency.flow.respond` answers
+    it as ``application/problem+json`` with ``status`` and ``code``, and
+    nothing is looked up or written.
+    """
+
+    def __init__(self, status: int, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.code = code
+        self.detail = detail

@@ -8,7 +8,10 @@ and fingerprinted; the rest is :func:`respond`, which both call:
 2. safe methods run as the tenant, with no key;
 3. the key header is checked; without a key where none is required, the view
    runs as the tenant;
-4. otherwise the state machine (:func:`idempotency.core.execute`, or a
+4. the request's path, size and parsed body are checked
+   (:mod:`idempotency.inputs`): bad input is a 400 or 413 problem, with
+   nothing looked up or written;
+5. otherwise the state machine (:func:`idempotency.core.execute`, or a
    phases program) runs the view at most once, and the result is answered:
    the view's own response, a replay, 422 or 409.
 
@@ -19,11 +22,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 from django.http import HttpRequest, HttpResponse
 
-from idempotency import core
+from idempotency import core, inputs
 from idempotency.conf import idempotency_settings
+from idempotency.exceptions import RequestRefused
 from idempotency.responses import (
     answer,
     http_response,
@@ -54,6 +59,7 @@ def respond(
     keyed_view: Callable[[], HttpResponse] | None = None,
     run_program: Callable[[core.IdempotentRequest], core.Result[core.StoredResponse]]
     | None = None,
+    body: Callable[[], Any] | None = None,
 ) -> HttpResponse:
     """Answer ``request`` under the contract.
 
@@ -73,7 +79,11 @@ def respond(
             (``view`` when None): under a key, where the answer is stored as
             returned, and for safe methods, rendered as the tenant.
         run_program: phases mode: runs the program for the key, instead of
-            running ``keyed_view`` in one transaction with it.
+            running ``keyed_view`` in one transaction with it. It may raise
+            ``RequestRefused`` before it claims the key.
+        body: parses the request's body (DRF's ``request.data``); the parsed
+            body is checked before the key is looked up
+            (:func:`idempotency.inputs.check_body`).
     """
     if request.method in SAFE_METHODS:
         tenant_id = get_tenant() if get_tenant else resolve_tenant(request)
@@ -93,21 +103,28 @@ def respond(
     if key is None:  # optional and absent: run as the tenant, without a key
         with tenant_context(tenant_id, using=app_alias()):
             return view()
-    keyed = core.IdempotentRequest(
-        tenant_id=tenant_id,
-        scope=scope(),
-        key=key,
-        fingerprint=fingerprint(),
-        method=str(request.method),
-        path=request.path,
-        ttl=ttl,
-    )
-    if run_program is not None:
-        result = run_program(keyed)
-        if result.outcome is core.Outcome.EXECUTED:
-            assert result.value is not None
-            return http_response(result.value)
-        return answer(result, replay=replay)
+    try:
+        inputs.check_size(request)
+        inputs.check_path(request.path)
+        if body is not None:
+            inputs.check_body(inputs.parsed(body))
+        keyed = core.IdempotentRequest(
+            tenant_id=tenant_id,
+            scope=scope(),
+            key=key,
+            fingerprint=inputs.parsed(fingerprint),
+            method=str(request.method),
+            path=request.path,
+            ttl=ttl,
+        )
+        if run_program is not None:
+            result = run_program(keyed)
+            if result.outcome is core.Outcome.EXECUTED:
+                assert result.value is not None
+                return http_response(result.value)
+            return answer(result, replay=replay)
+    except RequestRefused as refused:
+        return problem_response(refused.status, refused.code, refused.detail)
     executed = core.execute(
         keyed, keyed_view or view, to_stored_response, wait=wait, using=app_alias()
     )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 from datetime import timedelta
 from typing import Any
 
@@ -14,7 +13,7 @@ from rest_framework.request import Request
 
 from idempotency import core, flow, phases
 from idempotency.conf import as_timedelta
-from idempotency.fingerprint import canonical_json, canonical_path, fingerprint, principal_of
+from idempotency.fingerprint import canonical_path, fingerprint, principal_of
 from idempotency.phases import Phases
 from idempotency.responses import replay_response, to_stored_response
 from tenancy.aliases import app_alias
@@ -108,6 +107,7 @@ class IdempotentViewMixin(TenantScopedViewMixin):
             run_program=None if program is None else functools.partial(
                 self._run_phases, program, kwargs
             ),
+            body=lambda: request.data,
         )
 
     def _rendered(self, response: HttpResponse, *args: Any, **kwargs: Any) -> HttpResponse:
@@ -131,7 +131,7 @@ class IdempotentViewMixin(TenantScopedViewMixin):
         return phases.execute(
             program,
             keyed,
-            data=json.loads(canonical_json(self.request.data)),
+            data=phases.program_data(program, self.request.data),
             kwargs=kwargs,
             principal=self.get_idempotency_principal(),
             on_exception=convert,

@@ -67,8 +67,10 @@ from typing import Any, ClassVar
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connections, transaction
+from django.utils.datastructures import MultiValueDict
 
 from django_idempotency_outbox.errors import ConfigurationError
+from django_idempotency_outbox.problems import reason_phrase
 from idempotency import store
 from idempotency.conf import as_timedelta, idempotency_settings
 from idempotency.core import (
@@ -82,6 +84,8 @@ from idempotency.core import (
     retry_while_in_progress,
 )
 from idempotency.exceptions import IdempotencyError, LeaseLost, UnknownRecoveryPoint
+from idempotency.fingerprint import canonical_json
+from idempotency.inputs import check_storable
 from tenancy import tenant_context
 from tenancy.aliases import app_alias
 
@@ -149,8 +153,8 @@ class Retry(IdempotencyError):  # noqa: N818 - reads as the instruction it is
         self.retry_after = retry_after
 
     def to_stored(self) -> StoredResponse:
-        body = {"type": "about:blank", "status": self.status, "detail": self.detail,
-                "code": "retry"}
+        body = {"type": "about:blank", "title": reason_phrase(self.status), "status": self.status,
+                "detail": self.detail, "code": "retry"}
         after = self.retry_after or idempotency_settings.RETRY_AFTER
         return StoredResponse(
             self.status,
@@ -214,6 +218,11 @@ class Phases:
             is then refused.
         ttl: how long the final answer is replayed (``IDEMPOTENCY["TTL"]``).
         completable: let the completer finish requests abandoned by clients.
+        data_fields: the fields of the request body the program reads: they
+            are ``ctx.data``, and they are stored with the pending key so that
+            a retry or the completer resumes with them. ``()`` (the default)
+            stores none; ``"__all__"`` stores the whole body. At most
+            ``MAX_STORED_DATA`` bytes are stored, more is refused (413).
     """
 
     scope: ClassVar[str] = ""
@@ -221,6 +230,7 @@ class Phases:
     lease: ClassVar[timedelta | int | float | None] = None
     ttl: ClassVar[timedelta | int | None] = None
     completable: ClassVar[bool] = False
+    data_fields: ClassVar[tuple[str, ...] | list[str] | str] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -304,6 +314,29 @@ def ttl_of(program: type[Phases] | None) -> timedelta:
     return idempotency_settings.TTL
 
 
+#: ``data_fields`` value that keeps the whole body.
+ALL_FIELDS = "__all__"
+
+
+def program_data(program: type[Phases], body: Any) -> Any:
+    """The part of a parsed body that ``program`` reads (``ctx.data``), as JSON.
+
+    The fields named by ``data_fields`` of an object body (a form's fields
+    as lists of strings), or the whole body for ``"__all__"``; uploaded files
+    count by their digests. Absent fields are left out.
+    """
+    fields = program.data_fields
+    if fields == ALL_FIELDS:
+        picked = body
+    elif isinstance(body, MultiValueDict):
+        picked = {name: body.getlist(name) for name in fields if name in body}
+    elif isinstance(body, Mapping):
+        picked = {name: body[name] for name in fields if name in body}
+    else:
+        picked = {}
+    return json.loads(canonical_json(picked))
+
+
 def lease_of(program: type[Phases]) -> timedelta:
     value = program.lease if program.lease is not None else idempotency_settings.LEASE
     return as_timedelta(value, f"{program.__qualname__}.lease")
@@ -328,7 +361,8 @@ def execute(
             should be ``program.scope``).
         data, kwargs, principal: what the phases see in ``ctx``; stored with
             the key so that a retry after a crash, or the completer, sees the
-            same (``data`` must be JSON-serialisable).
+            same (``data`` must be JSON-serialisable; the mixin passes
+            :func:`program_data`).
         on_exception: turns an exception raised by a phase into an answer
             (e.g. DRF's ``ValidationError`` into its 400), or returns None to
             treat it as transient and re-raise it. Answers are then stored or
@@ -339,6 +373,10 @@ def execute(
     Returns:
         A :class:`~idempotency.core.Result` whose ``value`` (when executed) and
         ``stored`` (when replayed) are :class:`StoredResponse` objects.
+
+    Raises:
+        RequestRefused: before anything is stored, when what would be stored
+            is over ``MAX_STORED_DATA`` bytes or holds a NUL character.
     """
     alias = app_alias(using)
     if connections[alias].in_atomic_block:
@@ -350,6 +388,7 @@ def execute(
     lease = lease_of(program)
     ttl = request.ttl or ttl_of(program)
     stored_data = {"data": data, "kwargs": dict(kwargs or {}), "principal": principal}
+    check_storable(stored_data)
     claimed = retry_while_in_progress(
         lambda: _claim(request, program, stored_data, lease, ttl, alias), wait
     )

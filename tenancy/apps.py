@@ -9,3 +9,13 @@ class TenancyConfig(AppConfig):
         from tenancy import checks
 
         checks.register()
+        register_schema_extension()
+
+
+def register_schema_extension() -> None:
+    """Document the no-tenant answer in drf-spectacular's schemas, if it is installed."""
+    try:
+        import drf_spectacular  # noqa: F401 - the [spectacular] extra
+    except ImportError:
+        return
+    import tenancy.openapi  # noqa: F401 - drf-spectacular finds extensions by import

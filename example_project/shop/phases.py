@@ -5,13 +5,27 @@ payment_created  -> the gateway charge, with a derived key  (one foreign call)
 charged          -> order paid, ``order.paid`` published     (the receipt goes out via the outbox)
 """
 
-from rest_framework.exceptions import NotFound
+from rest_framework.exceptions import APIException, NotFound
 
 from idempotency import Finish, Phases, RecoveryPoint
 from outbox import publish
 
 from . import gateway
 from .models import Order, Payment
+
+
+class CardDeclined(APIException):
+    """A definitive answer: stored with the key and replayed (a problem, like every error)."""
+
+    status_code = 402
+    default_detail = "The card was declined."
+    default_code = "card_declined"
+
+
+class AlreadyPaid(APIException):
+    status_code = 409
+    default_detail = "The order is already paid."
+    default_code = "already_paid"
 
 
 class CapturePayment(Phases):
@@ -26,7 +40,7 @@ class CapturePayment(Phases):
         if order is None:  # not an order id, or RLS hides another merchant's order
             raise NotFound("No such order.")
         if order.status == Order.Status.PAID:
-            return Finish(409, {"detail": "The order is already paid.", "code": "already_paid"})
+            raise AlreadyPaid()
         payment, _ = Payment.objects.get_or_create(
             tenant_id=ctx.tenant_id, order=order, defaults={"amount_cents": order.total_cents}
         )
@@ -35,7 +49,7 @@ class CapturePayment(Phases):
     def payment_created(self, ctx):
         charge = gateway.charge(ctx.state["amount"], ctx.foreign_key("charge"))
         if charge.declined:
-            return Finish(402, {"detail": "The card was declined.", "code": "card_declined"})
+            raise CardDeclined()
         Payment.objects.filter(pk=ctx.state["payment_id"]).update(charge_id=charge.id)
         return RecoveryPoint("charged", charge_id=charge.id)
 

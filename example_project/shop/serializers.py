@@ -1,4 +1,5 @@
 from django.db.models import F
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from tenancy import current_tenant_id
@@ -12,18 +13,20 @@ class ProductSerializer(serializers.ModelSerializer):
         fields = ["id", "sku", "name", "price_cents", "stock"]
 
 
+@extend_schema_field({"type": "string", "minLength": 1, "maxLength": 50,
+                      "description": "The SKU of one of the merchant's products."})
+class SkuField(serializers.SlugRelatedField):
+    """A product, by its SKU (what the schema can say of it: a non-empty string of 50 at most)."""
+
+
 class OrderSerializer(serializers.ModelSerializer):
-    product = serializers.SlugRelatedField(slug_field="sku", queryset=Product.objects.all())
+    product = SkuField(slug_field="sku", queryset=Product.objects.all())
+    quantity = serializers.IntegerField(min_value=1, max_value=2**31 - 1)
 
     class Meta:
         model = Order
         fields = ["id", "product", "quantity", "total_cents", "status", "email", "created_at"]
         read_only_fields = ["total_cents", "status", "created_at"]
-
-    def validate_quantity(self, value):
-        if value < 1:
-            raise serializers.ValidationError("Order at least one.")
-        return value
 
     def create(self, validated_data):
         product = validated_data["product"]
@@ -42,7 +45,11 @@ class OrderSerializer(serializers.ModelSerializer):
 
 
 class OutOfStock(serializers.ValidationError):
+    """409 problem, code ``out_of_stock``, with the field in ``errors``."""
+
     status_code = 409
+    default_code = "out_of_stock"
+    default_detail = "Not enough stock."
 
     def __init__(self):
         super().__init__({"product": ["Not enough stock."]}, code="out_of_stock")

@@ -1,10 +1,17 @@
-"""The shop's API: products, idempotent orders, payment capture in phases."""
+"""The shop's API: products, idempotent orders, payment capture in phases.
+
+The ``Idempotency-Key`` header and every answer the library gives (400, 403,
+409, 413, 422, ``Idempotent-Replayed``) reach the OpenAPI schema through the
+library's drf-spectacular extension; the views document only their own answers.
+"""
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, viewsets
 from rest_framework.decorators import action
 
+from django_idempotency_outbox.openapi import problem
+from django_idempotency_outbox.problems import PROBLEM_CONTENT_TYPE as PROBLEM
 from idempotency import IdempotentViewMixin
 from outbox import publish
 from tenancy import TenantScopedViewMixin
@@ -13,31 +20,15 @@ from .models import Order, Product
 from .phases import CapturePayment
 from .serializers import OrderSerializer, ProductSerializer
 
-IDEMPOTENCY_KEY = OpenApiParameter(
-    "Idempotency-Key",
-    OpenApiTypes.STR,
-    OpenApiParameter.HEADER,
-    required=True,
-    description=(
-        "A unique key per operation (a UUID), sent again unchanged on every retry. "
-        "1-255 printable ASCII characters, bare or as a quoted string."
-    ),
-)
-PROBLEM = OpenApiTypes.OBJECT
-IDEMPOTENCY_ERRORS = {
-    400: OpenApiResponse(PROBLEM, "Missing or invalid Idempotency-Key, or invalid body."),
-    403: OpenApiResponse(PROBLEM, "The user belongs to no merchant."),
-    409: OpenApiResponse(
-        PROBLEM, "A request with this key is still in progress (see Retry-After)."
-    ),
-    422: OpenApiResponse(PROBLEM, "The key was already used for a different request."),
-}
+#: Ids are positive integers: another path segment matches no URL (a 404 problem).
+ID = r"[0-9]+"
 
 
 class ProductViewSet(TenantScopedViewMixin, viewsets.ReadOnlyModelViewSet):
     """The merchant's products: reads run as the merchant, so RLS shows its rows."""
 
     serializer_class = ProductSerializer
+    lookup_value_regex = ID
 
     def get_queryset(self):
         return Product.objects.order_by("sku")
@@ -51,6 +42,7 @@ class OrderViewSet(
     viewsets.GenericViewSet,
 ):
     serializer_class = OrderSerializer
+    lookup_value_regex = ID
 
     def get_queryset(self):
         return Order.objects.select_related("product").order_by("-id")
@@ -62,7 +54,13 @@ class OrderViewSet(
         return CapturePayment if self.action == "capture" else None
 
     @extend_schema(
-        parameters=[IDEMPOTENCY_KEY], responses={201: OrderSerializer, **IDEMPOTENCY_ERRORS}
+        responses={
+            201: OrderSerializer,
+            (409, PROBLEM): problem(
+                "Not enough stock, code `out_of_stock` (not stored: a retry with the same key "
+                "runs again)"
+            ),
+        }
     )
     def create(self, request, *args, **kwargs):
         """Create an order, reserve its stock and announce it, in one transaction."""
@@ -88,12 +86,12 @@ class OrderViewSet(
 
     @extend_schema(
         request=None,
-        parameters=[IDEMPOTENCY_KEY],
         responses={
             201: OpenApiResponse(OpenApiTypes.OBJECT, "Paid."),
-            402: OpenApiResponse(PROBLEM, "The card was declined (stored and replayed)."),
-            503: OpenApiResponse(PROBLEM, "The gateway failed; retry with the same key."),
-            **IDEMPOTENCY_ERRORS,
+            (402, PROBLEM): problem("The card was declined, code `card_declined` (stored)"),
+            (404, PROBLEM): problem("No such order, code `not_found`"),
+            (409, PROBLEM): problem("The order is already paid, code `already_paid`"),
+            (503, PROBLEM): problem("The gateway failed, code `retry`; retry with the same key"),
         },
     )
     @action(detail=True, methods=["post"])

@@ -63,6 +63,7 @@ class CapturePayment(Phases):
     scope = "payment.capture"
     completable = True
     lease = 2
+    data_fields = ("amount",)  # ctx.data: stored with the key, for retries and the completer
 
     def started(self, ctx):
         crash_point("after_key_insert")

@@ -22,6 +22,7 @@ class RecordDelivery(Phases):
 
     scope = "test.delivery"
     completable = True
+    data_fields = ("sku", "fail_first")
 
     def started(self, ctx):
         return RecoveryPoint("booked")

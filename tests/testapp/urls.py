@@ -32,4 +32,6 @@ urlpatterns = [
     path("header-tenant-orders/", views.TenantFromHeaderViewSet.as_view(collection)),
     path("opted-out-order-book/", views.OptedOutOrderBookViewSet.as_view(collection)),
     path("streamed-skus/", views.StreamedSkusView.as_view()),
+    path("fuzz-orders/", views.FuzzOrderViewSet.as_view(create)),
+    path("fuzz-django-orders/", views.fuzz_django_create),
 ]

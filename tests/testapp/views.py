@@ -251,3 +251,34 @@ class StreamedSkusView(TenantScopedViewMixin, APIView):
             yield ",".join(Order.objects.order_by("id").values_list("sku", flat=True))
 
         return StreamingHttpResponse(skus())
+
+
+# --- targets of the property tests (tests/idempotency/test_properties.py) -------------
+
+
+class FuzzOrderSerializer(serializers.ModelSerializer):
+    """The order's own fields only: no field steers the handler (sleep, raise...)."""
+
+    class Meta:
+        model = Order
+        fields = ["id", "sku", "quantity", "note"]
+
+    def create(self, validated_data):
+        return Order.objects.create(tenant_id=current_tenant_id(), **validated_data)
+
+
+class FuzzOrderViewSet(IdempotentViewMixin, mixins.CreateModelMixin, viewsets.GenericViewSet):
+    idempotency_scope = "order.fuzz"
+    serializer_class = FuzzOrderSerializer
+    parser_classes = [JSONParser, FormParser, MultiPartParser]
+
+    def get_queryset(self):
+        return Order.objects.all()
+
+
+@idempotent(scope="order.fuzz-django")
+def fuzz_django_create(request):
+    """Records any body by its digest: whatever arrives, the view itself cannot fail."""
+    digest = hashlib.sha256(request.body).hexdigest()
+    order = Order.objects.create(tenant_id=current_tenant_id(), sku="fuzz", note=digest)
+    return JsonResponse({"id": order.id, "sha256": digest}, status=201)
