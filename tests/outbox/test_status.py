@@ -42,8 +42,8 @@ def test_status_names_the_open_transaction_that_holds_delivery_back(system_reads
                                                                     capsys):
     with connect() as blocker, blocker.transaction():
         raw_publish(blocker, A, "order.placed", {"sku": "held"})
-        blocker.execute("SELECT 'the long transaction'")
         pid = server_pid(blocker)
+        blocker.execute("SELECT 'the long transaction'")
         publish_many(A, "order.placed", [{"sku": "behind"}])
         s = status()
         assert s.held_back == 1  # "behind" (the held message itself is not committed)
@@ -88,8 +88,8 @@ def test_status_names_the_publisher_with_the_lowest_bound(system_reads_all_stats
         unrelated.execute("CREATE TEMP TABLE t (n int); INSERT INTO t VALUES (1)")  # an xid
         first.execute("BEGIN")
         raw_publish(first, A, "order.placed", {"sku": "first"})
-        first.execute("SELECT 'the first publisher'")
         first_pid = server_pid(first)
+        first.execute("SELECT 'the first publisher'")
         second.execute("BEGIN")
         raw_publish(second, A, "order.placed", {"sku": "second"})
         publish_many(A, "order.placed", [{"sku": "behind"}])
