@@ -7,6 +7,8 @@
 #                           tests marked direct_sessions are skipped there, with their reason
 #   make test-app-alias     the same suites with the aliases named other than "default"
 #                           (tests/settings_app_alias.py: nothing may assume "default")
+#   make test-matrix        tox: the upstream-pinning tests and the contract on the oldest
+#                           and newest allowed Django, DRF, psycopg, Celery/kombu (tox.ini)
 #   make dist               sdist and wheel into dist/, twine check, and a check of the
 #                           wheel's contents (every sql/*.sql and py.typed; no tests)
 #   make bench-idempotency  DRF endpoint with and without the mixin, side by side
@@ -27,6 +29,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DOCS_STAMP := $(VENV)/.installed-docs
 DIST_STAMP := $(VENV)/.installed-dist
+TOX_STAMP  := $(VENV)/.installed-tox
 
 .PHONY: demo demo-stop test test-pooled dist bench-idempotency bench-outbox bench-reaper lint docs services services-stop clean
 
@@ -52,6 +55,17 @@ test-pooled: $(STAMP)
 test-app-alias: $(STAMP)
 	@DJANGO_SETTINGS_MODULE=tests.settings_app_alias \
 		scripts/services run pg redis -- $(BIN)/python -m pytest tests/tenancy tests/idempotency tests/outbox $(PYTEST_ARGS)
+
+# The version matrix (tox.ini): the tests that pin other projects' behaviour, and the
+# contract, on the oldest and on the newest Django 5.2.x, DRF, psycopg 3.x and Celery/kombu
+# 5.x that pyproject.toml allows. Each environment starts its own services.
+.PHONY: test-matrix
+test-matrix: $(TOX_STAMP)
+	@$(BIN)/tox --recreate -e oldest,newest $(TOX_ARGS)
+
+$(TOX_STAMP): $(STAMP)
+	@$(BIN)/python -m pip install -q --disable-pip-version-check --group tox
+	@touch $(TOX_STAMP)
 
 bench-idempotency: $(STAMP)
 	@scripts/services run pg -- $(BIN)/python bench/bench_idempotency.py $(BENCH_ARGS)

@@ -17,6 +17,7 @@ import sys
 import uuid
 from typing import Any
 
+import kombu
 import pytest
 import redis
 from celery import Celery
@@ -33,6 +34,13 @@ from tests.outbox.helpers import Process, effects, publish_as, publish_many, wai
 from tests.outbox.transports import DieAfterSend
 
 A, B = 1, 2
+
+#: kombu 5.7 says when a Redis channel may pipeline publishes
+#: (Channel.supports_batch_publish); before it, the fast path stays off and
+#: every batch takes kombu's own path (tox -e oldest runs that way).
+KOMBU_BATCHES = tuple(int(part) for part in kombu.__version__.split(".")[:2]) >= (5, 7)
+needs_kombu_batches = pytest.mark.skipif(
+    not KOMBU_BATCHES, reason=f"the Redis fast path needs kombu 5.7+ (kombu {kombu.__version__})")
 SUBPROCESS_SETTINGS = {  # the outbox overlay on this run's own settings module
     "DJANGO_SETTINGS_MODULE": "tests.outbox.settings",
     "DIO_BASE_SETTINGS": django_settings.SETTINGS_MODULE,
@@ -130,6 +138,7 @@ def test_postgresql_builds_the_envelope_the_relay_sent_before():
     assert envelopes[1].data()["created_at"] == "2026-01-02T03:04:05.000123+00:00"
 
 
+@needs_kombu_batches
 def test_the_fast_path_writes_the_message_kombu_writes(queue, monkeypatch):
     publish_many(A, "order.placed", [{"sku": f"s{i}", "p": p} for i, p in enumerate(PAYLOADS)])
     wait_for(lambda: len(read_envelopes(system_alias(), 0, 100).messages) == len(PAYLOADS),
@@ -198,6 +207,7 @@ def test_queues_of_several_lists_and_priorities_in_one_batch(settings):
     assert {m["headers"]["task"] for m in second} == {"t.second"}
 
 
+@needs_kombu_batches
 def test_a_queue_with_x_expires_takes_the_standard_path(settings):
     name = f"dio-outbox-wire-{uuid.uuid4().hex[:8]}"
     app = Celery("wire", broker=django_settings.CELERY_BROKER_URL, set_as_current=False)
@@ -285,6 +295,7 @@ def test_the_default_send_envelopes_decodes_for_transports_that_take_messages():
     assert memory.message_ids == [str(published)]
 
 
+@needs_kombu_batches
 def test_a_celery_worker_runs_the_fast_paths_tasks_with_their_ids_and_envelopes(
     tmp_path, queue, monkeypatch
 ):
@@ -314,3 +325,15 @@ def test_a_celery_worker_runs_the_fast_paths_tasks_with_their_ids_and_envelopes(
         rows = conn.execute("SELECT tenant_id, sku FROM testapp_order ORDER BY id").fetchall()
     assert rows[-1] == (B, "é✓")
     assert sorted({r[0] for r in rows}) == [A, B]
+
+
+@pytest.mark.skipif(KOMBU_BATCHES, reason="kombu 5.7+ batches: the fast path is on")
+def test_before_kombu_batches_every_batch_takes_kombus_own_path(queue, monkeypatch):
+    sent = []
+    monkeypatch.setattr(_RedisWire, "send", _spy(_RedisWire.send, sent))
+    ids = publish_many(A, "order.placed", [{"sku": "a"}, {"sku": "b"}])
+    relay = Relay(CeleryTransport(), name="wire-old-kombu")
+    wait_for(lambda: relay.drain() >= 0 and relay.sent == 2, "relayed")
+    assert sent == []  # the fast path never ran...
+    messages = [decoded(json.loads(item)) for item in raw_items(queue)]
+    assert [m["headers"]["id"] for m in messages] == [str(i) for i in ids]  # ...kombu sent both
