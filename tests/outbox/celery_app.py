@@ -33,7 +33,7 @@ app.conf.update(
 )
 
 
-@app.task(name="tests.outbox.receive_order")
+@app.task(name="tests.outbox.receive_order", shared=False)  # on this app only, not on every app made later
 @receiver("tests.receive_order")
 def receive_order(message: Message) -> None:
     Order.objects.create(
