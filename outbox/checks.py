@@ -27,7 +27,9 @@ from typing import Any
 
 from django.conf import settings
 from django.core import checks
-from django.db import DatabaseError, connections
+from django.db import DatabaseError
+
+from outbox import store
 
 
 def register() -> None:
@@ -36,18 +38,6 @@ def register() -> None:
 
 
 # -- the fence ----------------------------------------------------------------
-
-# Catalog queries only: the sequence's parameters and the id column's default.
-_FACTS = """
-SELECT s.seqcache, s.seqincrement, s.seqcycle,
-       (SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef AS d
-         WHERE d.adrelid = 'outbox_messages'::regclass
-           AND d.adnum = (SELECT attnum FROM pg_attribute
-                           WHERE attrelid = 'outbox_messages'::regclass AND attname = 'id'))
-  FROM pg_sequence AS s
- WHERE s.seqrelid = to_regclass('outbox_message_ids')
-"""
-
 
 def check_fence(
     app_configs: Any = None, databases: Sequence[str] | None = None, **kwargs: Any
@@ -59,14 +49,13 @@ def check_fence(
         if "postgresql" not in settings.DATABASES[alias].get("ENGINE", ""):
             continue  # tenancy.E005 reports it
         try:
-            with connections[alias].cursor() as cursor:
-                cursor.execute(_FACTS)
-                row = cursor.fetchone()
+            facts = store.fence_facts(alias)
         except DatabaseError:
             continue  # not migrated yet (tenancy.E010 reports a database it cannot inspect)
-        if row is None:
+        if facts is None:
             continue  # before the outbox's migration 0003
-        cache, increment, cycle, default = row
+        cache, increment, cycle, default = (facts.cache, facts.increment, facts.cycle,
+                                            facts.id_default)
         if cache != 1 or increment <= 0 or cycle:
             errors.append(
                 checks.Error(

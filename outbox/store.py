@@ -950,3 +950,39 @@ def record_received(using: str, tenant_id: int, receiver: str, message_id: uuid.
     with connections[using].cursor() as cursor:
         cursor.execute(_RECORD_RECEIVED, [tenant_id, receiver, message_id])
         return cursor.rowcount == 1
+
+
+# -- the fence's facts (system checks) ----------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FenceFacts:
+    """What the fence rests on, as the catalog says it is now."""
+
+    cache: int  #: values the id sequence hands out per session at once (must be 1)
+    increment: int  #: must be positive
+    cycle: bool  #: must be False
+    id_default: str | None  #: the id column's default (must be ``outbox_next_id()``)
+
+
+# Hand-written: catalog queries only, no ORM model covers them.
+_FENCE_FACTS = """
+SELECT s.seqcache, s.seqincrement, s.seqcycle,
+       (SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef AS d
+         WHERE d.adrelid = 'outbox_messages'::regclass
+           AND d.adnum = (SELECT attnum FROM pg_attribute
+                           WHERE attrelid = 'outbox_messages'::regclass AND attname = 'id'))
+  FROM pg_sequence AS s
+ WHERE s.seqrelid = to_regclass('outbox_message_ids')
+"""
+
+
+def fence_facts(using: str) -> FenceFacts | None:
+    """The id sequence's parameters and the id column's default; None before migration 0003.
+
+    Raises DatabaseError where the tables cannot be inspected (not migrated yet).
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute(_FENCE_FACTS)
+        row = cursor.fetchone()
+    return None if row is None else FenceFacts(*row)
