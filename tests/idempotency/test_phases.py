@@ -83,7 +83,9 @@ def test_a_worker_killed_at_every_boundary_then_a_retry_charges_once(payments_se
     headers = {"X-User": "alice", "Idempotency-Key": "cap-1"}
     with pytest.raises(requests.ConnectionError):
         requests.post(url, json={"amount": 1000}, headers=headers, timeout=10)
-    assert key_row()[0] == "pending"  # committed first, and left leased by the dead worker
+    killed_by = time.monotonic()  # the worker died before this
+    state, _, _, _, leased = key_row()
+    assert state == "pending" and leased  # committed first, and left leased by the dead worker
     deadline = time.monotonic() + 20
     conflicts = 0
     while True:  # 409 until the dead worker's lease runs out, then the retry resumes
@@ -98,7 +100,10 @@ def test_a_worker_killed_at_every_boundary_then_a_retry_charges_once(payments_se
             conflicts += 1
         assert time.monotonic() < deadline, "the lease never ran out"
         time.sleep(0.2)
-    assert conflicts >= 1, "the dead worker's lease was never seen holding the key"
+    # Seen holding the key, or (on a machine too loaded for gunicorn to answer
+    # within the lease) the first answer came after it had run out anyway.
+    assert conflicts >= 1 or time.monotonic() - killed_by >= CapturePayment.lease, (
+        "a retry ran while the dead worker's lease still held the key")
     assert retry.status_code == 201, retry.text
     assert_exactly_once(gateway)
 
