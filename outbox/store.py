@@ -1,8 +1,9 @@
 """Every statement on the outbox's tables, and the rows they return.
 
 ``outbox_messages``, ``consumer_offsets``, ``outbox_consumer_failures``,
-``outbox_dead_letters`` and ``outbox_received`` are read and written here and nowhere else; the other
-modules of the app decide what to do and call these functions. Each function
+``outbox_dead_letters`` and ``outbox_received`` are read and written here and
+nowhere else; the other modules of the app decide what to do and call these
+functions. Each function
 takes the database alias it runs on as its first argument: the caller
 decides, through :mod:`tenancy.aliases`, which role does what (the app role
 under row-level security, the worker role for offsets and leases, the system

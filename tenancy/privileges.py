@@ -87,7 +87,9 @@ def role_names() -> dict[str, str]:
     return names
 
 
-def library_tables(app_labels: Iterable[str] | None = None) -> dict[str, dict[str, tuple[str, ...]]]:
+def library_tables(
+    app_labels: Iterable[str] | None = None,
+) -> dict[str, dict[str, tuple[str, ...]]]:
     """The matrix rows of the installed library apps (of ``app_labels`` only, if given)."""
     wanted = None if app_labels is None else set(app_labels)
     rows: dict[str, dict[str, tuple[str, ...]]] = {}
@@ -97,7 +99,9 @@ def library_tables(app_labels: Iterable[str] | None = None) -> dict[str, dict[st
     return rows
 
 
-def project_tables(app_labels: Iterable[str] | None = None) -> dict[str, dict[str, tuple[str, ...]]]:
+def project_tables(
+    app_labels: Iterable[str] | None = None,
+) -> dict[str, dict[str, tuple[str, ...]]]:
     """Your apps' tables, when ``TENANCY["GRANT_PROJECT_TABLES"]`` is on.
 
     DML to the app role on each, and to the worker role on the

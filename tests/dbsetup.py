@@ -15,6 +15,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.db import connections
 
+
 def owner_dsn(dbname: str) -> str:
     db = settings.DATABASES["owner"]
     return (

@@ -19,9 +19,9 @@ test app's and Django's tables), as in a deployment.
 pooling, ``scripts/services start pgbouncer``, which exports
 ``DIO_PGBOUNCER_PORT``): ``DIO_POOLED=app`` routes ``default`` through it
 (what ``make test-pooled`` runs), ``DIO_POOLED=app,system`` the system alias
-too, ``worker`` the worker alias. The owner alias always connects directly: migrations and the harness's
-cleanup are not what a pooler is for. Processes the tests start inherit the
-environment, so they connect the same way.
+too, ``worker`` the worker alias. The owner alias always connects directly:
+migrations and the harness's cleanup are not what a pooler is for. Processes
+the tests start inherit the environment, so they connect the same way.
 """
 
 import os
