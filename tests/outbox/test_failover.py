@@ -186,9 +186,11 @@ class SessionRecorder(SlowRecorder):
     seen: dict[str, str] = {}
 
     def handle(self, message) -> None:
-        from django.db import connection
+        from django.db import connections
 
-        with connection.cursor() as cursor:
+        from tenancy.aliases import tenant_alias
+
+        with connections[tenant_alias()].cursor() as cursor:  # the batch's: the worker alias
             for setting in WATCHED:
                 cursor.execute(f"SHOW {setting}")
                 SessionRecorder.seen[setting] = cursor.fetchone()[0]
