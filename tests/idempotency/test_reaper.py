@@ -188,6 +188,19 @@ def test_the_celery_task_runs_the_same_job():
     assert count_rows("idempotency_keys") == 1
 
 
+def test_the_celery_task_fails_while_another_reaper_holds_the_lease():
+    # A scheduler must see a failed task, not a report of zero keys reaped.
+    from idempotency.tasks import reap_expired_keys as task
+
+    make_keys(2, expired=6, live=0)
+    _hold_lease("host:2:other", "1 minute")
+    result = task.apply()
+    assert result.failed()
+    assert isinstance(result.result, ReaperBusy)
+    assert "holds the lease until" in str(result.result)
+    assert count_rows("idempotency_keys") == 6
+
+
 def test_the_reaper_pauses_between_batches_and_commits_them_asynchronously(monkeypatch):
     from idempotency import reaper
 
