@@ -60,6 +60,9 @@ MATRIX: dict[str, dict[str, dict[str, tuple[str, ...]]]] = {
     },
 }
 
+#: Django's record of applied migrations: read by ``runserver``'s start-up check.
+MIGRATIONS_TABLE = "django_migrations"
+
 #: The aliases setting of each kind.
 _ALIAS_SETTING = {APP: "APP_DATABASE", WORKER: "WORKER_DATABASE", SYSTEM: "SYSTEM_DATABASE"}
 
@@ -106,19 +109,24 @@ def project_tables(
 
     DML to the app role on each, and to the worker role on the
     ``tenant_isolated`` ones (consumers' handlers write those). Nothing is
-    revoked on them: grants you add by hand stay.
+    revoked on them: grants you add by hand stay. Django's own
+    ``django_migrations`` (no model, no app) gets ``SELECT`` for the app role
+    with the rows of each app of yours (``post_migrate`` comes app by app):
+    ``runserver`` reads it at start-up on the web process's alias.
     """
     if not tenancy_settings.GRANT_PROJECT_TABLES:
         return {}
     wanted = None if app_labels is None else set(app_labels)
     rows: dict[str, dict[str, tuple[str, ...]]] = {}
+    if wanted is None or wanted - MATRIX.keys():
+        rows[MIGRATIONS_TABLE] = {APP: ("SELECT",)}
     for model in apps.get_models(include_auto_created=True):
         meta = model._meta
         if meta.app_label in MATRIX or meta.proxy or not meta.managed:
             continue
         if wanted is not None and meta.app_label not in wanted:
             continue
-        kinds = {APP: DML}
+        kinds: dict[str, tuple[str, ...]] = {APP: DML}
         if getattr(model, "tenant_isolated", False):
             kinds[WORKER] = DML
         rows[meta.db_table] = kinds

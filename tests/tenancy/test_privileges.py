@@ -128,6 +128,20 @@ def test_the_check_names_the_grant_for_a_missing_privilege_and_the_revoke_for_an
     assert check_privileges(databases=["owner"]) == []
 
 
+def test_the_web_role_reads_the_migrations_record_and_cannot_change_it():
+    # runserver checks for unapplied migrations on the web process's alias at start-up.
+    from django.db import connections
+    from django.db.migrations.executor import MigrationExecutor
+
+    from tenancy.aliases import app_alias
+
+    executor = MigrationExecutor(connections[app_alias()])
+    assert executor.migration_plan(executor.loader.graph.leaf_nodes()) == []
+    with connect() as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("DELETE FROM django_migrations")
+
+
 def test_the_grant_command_refuses_an_alias_that_does_not_own_the_tables():
     from django.core.management import CommandError
 
