@@ -2,8 +2,9 @@
 #
 #   make demo               the example shop, running, with a narrated scenario (make demo-stop)
 #   make test               the whole suite on a private PostgreSQL (started and stopped here)
-#   make test-pooled        the idempotency, tenancy and outbox suites with the app alias
-#                           through a private pgbouncer in transaction mode (DIO_POOLED=app);
+#   make test-pooled        the idempotency, tenancy and outbox suites with the app and system
+#                           aliases through a private pgbouncer in transaction mode
+#                           (DIO_POOLED=app,system);
 #                           tests marked direct_sessions are skipped there, with their reason
 #   make test-app-alias     the same suites with the aliases named other than "default"
 #                           (tests/settings_app_alias.py: nothing may assume "default")
@@ -40,10 +41,11 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	@scripts/services run pg redis -- $(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# The system alias stays direct: the key reaper's single-instance lock is a
-# session-level advisory lock (docs/scaling.md). DIO_POOLED=app,system also works.
+# The system alias is pooled too: the key reaper's single-instance guard is a
+# lease row, which holds through transaction pooling (docs/scaling.md).
+# DIO_POOLED=app,worker,system pools the worker alias as well.
 test-pooled: $(STAMP)
-	@DIO_POOLED=app scripts/services run pg redis pgbouncer -- \
+	@DIO_POOLED=app,system scripts/services run pg redis pgbouncer -- \
 		$(BIN)/python -m pytest tests/idempotency tests/tenancy tests/outbox $(PYTEST_ARGS)
 
 # The tenancy, idempotency and outbox suites again, with the app alias named "app" and the
