@@ -82,12 +82,7 @@ def setup_database() -> None:
     with psycopg.connect(dsn + " dbname=postgres", autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"')
-    call_command("migrate", database="owner", verbosity=0)
-    grants = (ROOT / "tests" / "grants.sql").read_text().format(
-        app=settings.DATABASES["default"]["USER"], system=settings.DATABASES["system"]["USER"]
-    )
-    with connections["owner"].cursor() as cursor:
-        cursor.execute(grants)
+    call_command("migrate", database="owner", verbosity=0)  # grants, as the owner
     connections["owner"].close()
 
 

@@ -2,8 +2,12 @@
 
 ``make demo`` writes the environment to ``.run/demo/env`` and exports it:
 
-- ``DATABASE_URL``: the app role (RLS applies to it): the web process.
-- ``SYSTEM_DATABASE_URL``: the system role: reaper, relay, completer.
+- ``DATABASE_URL``: the app role (RLS applies to it): the web process; with
+  ``DATABASE_POOLED=1`` it goes through pgbouncer in transaction mode (what
+  ``make demo`` does), with the options docs/scaling.md lists.
+- ``WORKER_DATABASE_URL``: the worker role (RLS applies to it too): the
+  consumers' batches and the relay's lease, the only role that moves offsets.
+- ``SYSTEM_DATABASE_URL``: the system role: reaper, relay reads, completer.
 - ``OWNER_DATABASE_URL``: the owner role: ``manage.py migrate --database owner``.
 - ``CELERY_BROKER_URL``: Redis.
 - ``GATEWAY_URL``: the fake payment gateway (example_project/gateway.py).
@@ -30,11 +34,20 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 DATABASES = {
     "default": env.db("DATABASE_URL", default=_LOCAL.format("shop_app")),
+    "worker": env.db("WORKER_DATABASE_URL", default=_LOCAL.format("shop_worker")),
     "system": env.db("SYSTEM_DATABASE_URL", default=_LOCAL.format("shop_system")),
     "owner": env.db("OWNER_DATABASE_URL", default=_LOCAL.format("shop_owner")),
 }
 for _db in DATABASES.values():
     _db["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
+if env.bool("DATABASE_POOLED", default=False):
+    DATABASES["default"].update(
+        CONN_MAX_AGE=None, CONN_HEALTH_CHECKS=True, DISABLE_SERVER_SIDE_CURSORS=True,
+        OPTIONS={**DATABASES["default"].get("OPTIONS", {}), "prepare_threshold": None},
+    )
+# Consumers' handlers write through the ORM: inside a batch this router sends
+# their queries to the worker alias, where the batch's transaction is open.
+DATABASE_ROUTERS = ["tenancy.routers.AppDatabaseRouter"]
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -90,6 +103,9 @@ SPECTACULAR_SETTINGS = {
 TENANCY = {
     "TENANT_RESOLVER": "example_project.shop.tenancy.merchant_of",
     "SYSTEM_DATABASE": "system",
+    "WORKER_DATABASE": "worker",
+    # migrate as the owner grants the shop's tables too (docs/roles.md).
+    "GRANT_PROJECT_TABLES": True,
 }
 
 IDEMPOTENCY = {

@@ -84,6 +84,10 @@ class IdempotencySettings(AppSettings):
     #: reaper's share of the server, so that live traffic barely notices it.
     REAP_BATCH_SIZE = Setting(100, integer(minimum=1))
     REAP_PAUSE = Setting(0.01, seconds())
+    #: How long the reaper's lease (a row, by the database clock) lasts without
+    #: renewal; it is renewed before every batch. A reaper that dies blocks the
+    #: next one for at most this long.
+    REAP_LEASE = Setting(60.0, seconds(allow_zero=False))
 
 
 idempotency_settings = IdempotencySettings()

@@ -35,3 +35,7 @@ class RequestRefused(IdempotencyError):  # noqa: N818 - reads as what happened
         self.status = status
         self.code = code
         self.detail = detail
+
+
+class ReaperBusy(IdempotencyError, RuntimeError):  # noqa: N818 - reads as what happened
+    """Another reaper holds the lease: this one did nothing (and says so, never "done")."""

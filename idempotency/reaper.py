@@ -9,14 +9,22 @@ instead, for the completer or a human, and once nothing has touched one for
 ``GIVE_UP_AFTER`` (72 hours) the reaper gives up on it: it is finished with
 the "abandoned" answer, which its client's retries get, and deleted after its
 TTL like any finished key. No key stays pending forever, whatever its program
-(completable or not, or no longer deployed). One reaper runs at a time: a
-second one finds the advisory lock taken and returns at once.
+(completable or not, or no longer deployed). One reaper runs at a time: it
+holds a lease, a row of ``idempotency_leases`` kept by the database clock and
+renewed before each batch, and a second one finds it held and raises
+:class:`~idempotency.exceptions.ReaperBusy` (the command exits non-zero, the
+task fails) rather than report a run that did not happen. The lease is a row,
+not a session advisory lock, so it holds behind a transaction pooler: a
+session lock would stay on whichever pooled server session took it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -25,7 +33,8 @@ from django.db import connections
 
 from idempotency import store
 from idempotency.conf import idempotency_settings
-from idempotency.store import REAP_LOCK_ID as REAP_LOCK_ID  # the lock's id, for operators
+from idempotency.exceptions import ReaperBusy
+from idempotency.store import REAPER_LEASE as REAPER_LEASE  # the lease row's name
 from idempotency.store import GivenUp
 from tenancy.aliases import system_alias
 from tenancy.db import require_cross_tenant, tenants_with_rows
@@ -61,7 +70,6 @@ class ReapReport:
     batches: int = 0
     tenants: int = 0
     dry_run: bool = False
-    skipped: bool = False  # another reaper held the lock
     seconds: float = 0.0
     longest_batch_seconds: float = 0.0  # the longest delete transaction (its locks' lifetime)
     stuck_count: int = 0
@@ -95,9 +103,11 @@ def reap_expired_keys(
         stuck_sample: how many stuck keys to list in the report.
 
     Returns:
-        A :class:`ReapReport`; ``skipped`` is true when another reaper was running.
+        A :class:`ReapReport`.
 
     Raises:
+        ReaperBusy: another reaper holds the lease (nothing was done), or this
+            one lost it between two batches (it stopped there).
         ReaperRefused: the alias's role is subject to RLS on the keys table.
         ConfigurationError: the alias does not exist.
     """
@@ -112,17 +122,48 @@ def reap_expired_keys(
     require_cross_tenant(alias, ["idempotency_keys"], job="the key reaper")
     report = ReapReport(dry_run=dry_run)
 
-    with store.reaper_lock(alias) as locked:
-        if not locked:
-            report.skipped = True
-            return report
+    lease = _Lease(alias)
+    lease.renew()
+    try:
         _give_up(alias, size, dry_run, report, stuck_sample)
         for tenant_id in tenants_with_rows(alias, "idempotency_keys"):
-            deleted = _reap_tenant(alias, tenant_id, size, pause, dry_run, report, progress)
+            deleted = _reap_tenant(
+                alias, tenant_id, size, pause, dry_run, report, progress, lease
+            )
             report.tenants += 1 if deleted else 0
         _find_stuck(alias, report, stuck_sample)
+    finally:
+        lease.release()
     report.seconds = time.monotonic() - started
     return report
+
+
+class _Lease:
+    """The reaper's lease: claimed at the start and renewed before every batch."""
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.held = False
+
+    def renew(self) -> None:
+        holder = store.claim_lease(
+            self.alias, REAPER_LEASE, self.owner, idempotency_settings.REAP_LEASE
+        )
+        if holder is None:
+            self.held = True
+            return
+        until = holder.until.isoformat(timespec="seconds") if holder.until else "?"
+        what = "lost its lease to" if self.held else "not run:"
+        self.held = False
+        raise ReaperBusy(
+            f"reaper {what} another reaper ({holder.owner}) holds the lease until {until}"
+        )
+
+    def release(self) -> None:
+        if self.held:
+            store.release_lease(self.alias, REAPER_LEASE, self.owner)
+            self.held = False
 
 
 def _reap_tenant(
@@ -133,6 +174,7 @@ def _reap_tenant(
     dry_run: bool,
     report: ReapReport,
     progress: Callable[[str], None] | None,
+    lease: _Lease,
 ) -> int:
     total = 0
     if dry_run:
@@ -142,6 +184,7 @@ def _reap_tenant(
     while True:
         if report.batches and pause:
             time.sleep(pause)  # leave the server to live traffic between batches
+        lease.renew()
         started = time.monotonic()
         deleted = store.delete_expired_batch(alias, tenant_id, size)
         elapsed = time.monotonic() - started

@@ -21,8 +21,7 @@ The upkeep functions take the system alias and see every tenant.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -577,22 +576,49 @@ def _expired(tenant_id: int) -> Q:
     return Q(tenant_id=tenant_id, expires_at__lte=Now()) & ~Q(state=PENDING)
 
 
-#: Session advisory lock held while a reaper runs ("idem-rea" in ASCII).
-REAP_LOCK_ID = 0x6964656D2D726561
+#: The reaper's lease row in ``idempotency_leases`` (idempotency/sql/0006_leases.sql).
+REAPER_LEASE = "reaper"
+
+# Hand-written: a compare-and-set on the lease, by the database clock, each in
+# a transaction of its own (autocommit): it holds through a transaction pooler,
+# where a session advisory lock would stay on a pooled server session.
+_CLAIM_LEASE = """
+UPDATE idempotency_leases
+   SET owner = %(owner)s, until = now() + make_interval(secs => %(seconds)s)
+ WHERE name = %(name)s AND (owner = %(owner)s OR until IS NULL OR until < now())
+RETURNING until
+"""
+_LEASE_HOLDER = "SELECT owner, until FROM idempotency_leases WHERE name = %s"
+_RELEASE_LEASE = """
+UPDATE idempotency_leases SET owner = '', until = NULL WHERE name = %s AND owner = %s
+"""
 
 
-@contextmanager
-def reaper_lock(alias: str) -> Iterator[bool]:
-    """Hold the reaper's session advisory lock if it is free; yields whether it was."""
+@dataclass(frozen=True)
+class LeaseHolder:
+    """Who holds a lease, and until when (the database clock)."""
+
+    owner: str
+    until: datetime | None
+
+
+def claim_lease(alias: str, name: str, owner: str, seconds: float) -> LeaseHolder | None:
+    """Take or renew the lease ``name`` for ``seconds``; None when taken, else who holds it."""
     with connections[alias].cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(%s)", [REAP_LOCK_ID])  # no ORM for it
-        locked = bool(cursor.fetchone()[0])
-    try:
-        yield locked
-    finally:
-        if locked:
-            with connections[alias].cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_unlock(%s)", [REAP_LOCK_ID])
+        cursor.execute(_CLAIM_LEASE, {"owner": owner, "seconds": seconds, "name": name})
+        if cursor.fetchone() is not None:
+            return None
+        cursor.execute(_LEASE_HOLDER, [name])
+        row = cursor.fetchone()
+    if row is None:
+        raise RuntimeError(f"lease row {name!r} is missing from idempotency_leases: migrate")
+    return LeaseHolder(row[0], row[1])
+
+
+def release_lease(alias: str, name: str, owner: str) -> None:
+    """Give up ``owner``'s lease ``name`` (nothing if it is another's)."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_RELEASE_LEASE, [name, owner])
 
 
 # The rows to delete are chosen and locked in the DELETE itself, skipping rows a

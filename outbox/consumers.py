@@ -1,10 +1,12 @@
 """In-database consumers: exactly-once database effects per message.
 
-A consumer batch is one transaction on the app alias (``TENANCY["APP_DATABASE"]``,
-the role under row-level security), so the handler's ordinary ORM writes and
-the offset update commit or roll back together::
+A consumer batch is one transaction on the worker alias
+(``TENANCY["WORKER_DATABASE"]``, a role under row-level security that alone
+may move offsets), so the handler's ordinary ORM writes (routed there by
+``tenancy.routers.AppDatabaseRouter`` while the batch runs) and the offset
+update commit or roll back together::
 
-    BEGIN                                          -- app alias
+    BEGIN                                          -- worker alias
       SELECT ... FROM consumer_offsets             -- this partition's row,
        WHERE ... FOR UPDATE SKIP LOCKED            --   or skip: another worker has it
       (read the fenced batch on the system alias, a statement of its own)
@@ -17,7 +19,9 @@ A crash before COMMIT loses the handler's writes together with the offset
 advance, so the batch is handled again, once. A handler that raises is
 rolled back to its savepoint; the offset stops before its message, which is
 retried after a growing pause and, after ``MAX_ATTEMPTS``, parked in
-``outbox_dead_letters`` so the partition moves on.
+``outbox_dead_letters`` so the partition moves on. Its error is kept in its
+tenant's row of ``outbox_consumer_failures`` (never on the shared offset row)
+until the partition passes it.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from outbox.exceptions import ConsumerConfigError
 from outbox.store import HeadFailure
 from outbox.stream import Message
 from tenancy import tenant_context
-from tenancy.aliases import app_alias, system_alias
+from tenancy.aliases import system_alias, worker_alias, working_as_worker
 from tenancy.db import require_cross_tenant
 
 logger = logging.getLogger("outbox")
@@ -164,7 +168,7 @@ def ensure_offsets(consumer: Consumer, using: str | None = None) -> None:
         ConsumerConfigError: the rows exist with another partition count; the
             partitions would no longer match the messages they have passed.
     """
-    alias = app_alias(using)
+    alias = worker_alias(using)
     counts = store.partition_counts(alias, consumer.name)
     if counts and counts != {consumer.partitions}:
         raise ConsumerConfigError(
@@ -199,17 +203,25 @@ class BatchResult:
 def run_batch(consumer: Consumer, partition: int = 0) -> BatchResult:
     """Handle the next batch of one consumer partition, in one transaction.
 
+    The transaction is on the worker alias; tenant work inside it (the
+    handlers' ``tenant_context()``, ``publish()`` and routed ORM queries)
+    runs there too (:func:`tenancy.aliases.working_as_worker`).
+
     Returns at once with ``locked=True`` when another worker holds the
     partition, and with ``waiting=True`` while a failed head message waits
     for its next attempt.
     """
-    app = app_alias()
-    system = system_alias()
+    worker = worker_alias()
+    with working_as_worker(worker):
+        return _run_batch(consumer, partition, worker, system_alias())
+
+
+def _run_batch(consumer: Consumer, partition: int, worker: str, system: str) -> BatchResult:
     limit = consumer.batch_size or outbox_settings.CONSUMER_BATCH_SIZE
     max_attempts = consumer.max_attempts or outbox_settings.MAX_ATTEMPTS
-    with transaction.atomic(using=app):
+    with transaction.atomic(using=worker):
         offset = store.lock_offset(
-            app, consumer.name, partition, lost_after=outbox_settings.CONSUMER_LOST_AFTER
+            worker, consumer.name, partition, lost_after=outbox_settings.CONSUMER_LOST_AFTER
         )
         if offset is None:
             return BatchResult(locked=True)
@@ -226,14 +238,20 @@ def run_batch(consumer: Consumer, partition: int = 0) -> BatchResult:
         messages = batch.messages
         if not messages:
             if offset.stale and batch.passed > offset.position:
-                store.advance_offset(app, consumer.name, partition, batch.passed)
+                store.advance_offset(worker, consumer.name, partition, batch.passed)
             return BatchResult()
-        done, failure = _handle(consumer, messages, app)
+        done, failure = _handle(consumer, messages, worker)
+        head_passes = done > 0 or failure is None or offset.attempts + 1 >= max_attempts
+        if offset.attempts and head_passes:
+            # The head had failed before and is now handled or parked: its
+            # error (its tenant's row) goes. (Failing again, it is replaced.)
+            with tenant_context(messages[0].tenant_id, using=worker):
+                store.clear_failure(worker, consumer.name, partition)
         position = messages[done - 1].position if done else offset.position
         if failure is None:
             if len(messages) < limit and batch.passed > position:
                 position = batch.passed
-            store.advance_offset(app, consumer.name, partition, position)
+            store.advance_offset(worker, consumer.name, partition, position)
             return BatchResult(handled=done, full=len(messages) == limit)
 
         message, exc = failure
@@ -245,9 +263,9 @@ def run_batch(consumer: Consumer, partition: int = 0) -> BatchResult:
                 consumer.name, message.message_id, message.tenant_id, message.topic,
                 attempts, exc,
             )
-            with tenant_context(message.tenant_id, using=app):
-                store.park(app, consumer.name, message, attempts, error)
-            store.advance_offset(app, consumer.name, partition, message.position)
+            with tenant_context(message.tenant_id, using=worker):
+                store.park(worker, consumer.name, message, attempts, error)
+            store.advance_offset(worker, consumer.name, partition, message.position)
             return BatchResult(handled=done, failed=True, parked=True, full=True)
         delay = _retry_delay(attempts)
         logger.warning(
@@ -256,8 +274,10 @@ def run_batch(consumer: Consumer, partition: int = 0) -> BatchResult:
             consumer.name, message.message_id, message.tenant_id, message.topic,
             attempts, max_attempts, delay, exc,
         )
-        store.advance_offset(app, consumer.name, partition, position,
-                             HeadFailure(attempts, delay, error[-4000:]))
+        head_failure = HeadFailure(attempts, delay, error[-4000:])
+        with tenant_context(message.tenant_id, using=worker):
+            store.record_failure(worker, consumer.name, partition, message, head_failure)
+        store.advance_offset(worker, consumer.name, partition, position, head_failure)
         return BatchResult(handled=done, failed=True)
 
 

@@ -71,10 +71,12 @@ class ConsumerOffset(models.Model):
     """How far one reader (a consumer partition, or a relay) has read.
 
     Global, not per tenant: a reader follows the one stream of all tenants.
-    The position is ``last_id``, the id of the last message passed. ``attempts``,
-    ``retry_at`` and ``last_error`` describe the message at the head of this
-    partition while it keeps failing; ``lease_owner`` and ``lease_until`` are
-    used by relays only.
+    The position is ``last_id``, the id of the last message passed. ``attempts``
+    and ``retry_at`` count and pace the failures of the message at the head of
+    this partition; what failed, and how, is tenant data and is kept in
+    :class:`ConsumerFailure`, under row-level security. ``lease_owner`` and
+    ``lease_until`` are used by relays only. Only the worker role may write
+    these rows, and the app role has no privilege on them (docs/roles.md).
     """
 
     pk = models.CompositePrimaryKey("name", "partition")
@@ -85,7 +87,6 @@ class ConsumerOffset(models.Model):
     last_processed_at = models.DateTimeField(null=True)
     attempts = models.IntegerField(default=0)
     retry_at = models.DateTimeField(null=True)
-    last_error = models.TextField(blank=True, default="")
     lease_owner = models.CharField(max_length=200, blank=True, default="")
     lease_until = models.DateTimeField(null=True)
 
@@ -94,6 +95,33 @@ class ConsumerOffset(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}[{self.partition}] at {self.last_id}"
+
+
+class ConsumerFailure(models.Model):
+    """Why a consumer partition is stuck before a message: its tenant's row, under RLS.
+
+    Written by the consumer's batch (on the worker alias, as the message's
+    tenant) when a handler raises, and deleted when the partition moves past
+    the message. ``outbox_status`` reads it on the system alias.
+    """
+
+    tenant_isolated = True
+
+    pk = models.CompositePrimaryKey("tenant_id", "consumer", "partition")
+    tenant_id = models.BigIntegerField()
+    consumer = models.CharField(max_length=200)
+    partition = models.IntegerField()
+    message_pk = models.BigIntegerField()
+    message_id = models.UUIDField()
+    attempts = models.IntegerField()
+    error = models.TextField()
+    failed_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "outbox_consumer_failures"
+
+    def __str__(self) -> str:
+        return f"{self.consumer}[{self.partition}]: {self.tenant_id}/{self.message_pk}"
 
 
 class DeadLetter(models.Model):

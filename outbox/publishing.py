@@ -15,7 +15,7 @@ from outbox import store
 from outbox.conf import outbox_settings
 from outbox.exceptions import NoTenant, NotInTransaction
 from tenancy import current_tenant_id
-from tenancy.aliases import app_alias
+from tenancy.aliases import tenant_alias
 
 logger = logging.getLogger("outbox")
 
@@ -58,7 +58,8 @@ def publish(
             columns Debezium's outbox router calls by these names).
         headers: extra JSON-serialisable metadata (trace ids and the like).
         message_id: the message's UUID; a new random one when omitted.
-        using: database alias; ``TENANCY["APP_DATABASE"]`` when omitted.
+        using: database alias; when omitted, ``TENANCY["APP_DATABASE"]`` (the
+            worker alias inside a consumer's batch, ``tenancy.aliases.tenant_alias``).
 
     Returns:
         The message id, which receivers use to de-duplicate.
@@ -68,7 +69,7 @@ def publish(
         NoTenant: no :func:`tenancy.tenant_context` is open.
         TypeError: the payload or headers are not JSON-serialisable.
     """
-    alias = app_alias(using)
+    alias = tenant_alias(using)
     connection = connections[alias]
     if not connection.in_atomic_block:
         raise NotInTransaction(

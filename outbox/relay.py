@@ -1,6 +1,7 @@
 """The relay: from ``outbox_messages`` to a broker, at least once.
 
-A relay is an offset reader on the system alias, like a consumer, with one
+A relay reads the stream on the system alias and keeps its offset row (lease,
+heartbeat, advance) on the worker alias, like a consumer, with one
 difference: its effect (publishing to a broker) is outside the database, so it
 cannot share a transaction with the offset. Each round therefore is::
 
@@ -57,7 +58,7 @@ from outbox.loops import DATABASE_ERRORS, run_loop, stop_on_signals
 from outbox.publishing import wake_up
 from outbox.stream import Batch, Envelope, Message
 from outbox.transports import Transport, get_transport
-from tenancy.aliases import system_alias
+from tenancy.aliases import system_alias, worker_alias
 
 logger = logging.getLogger("outbox")
 
@@ -92,13 +93,13 @@ class _Heartbeat:
             while not self._done.wait(self._lease / 4):
                 try:
                     renewed = store.renew_lease(
-                        relay.alias, relay.offset_name, relay.owner, self._lease
+                        relay.lease_alias, relay.offset_name, relay.owner, self._lease
                     )
                 except DATABASE_ERRORS as exc:
                     first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                     logger.warning("outbox: relay %s could not renew its lease (%s)",
                                    relay.name, first_line)
-                    _close(relay.alias)
+                    _close(relay.lease_alias)
                     continue
                 if not renewed:
                     logger.warning(
@@ -108,7 +109,7 @@ class _Heartbeat:
                     self.lost.set()
                     return
         finally:
-            _close(relay.alias)
+            _close(relay.lease_alias)
 
     def stop(self) -> None:
         self._done.set()
@@ -146,7 +147,8 @@ class Relay:
         self.offset_name = f"relay:{self.name}"
         self.batch_size = batch_size or outbox_settings.RELAY_BATCH_SIZE
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.alias = system_alias()
+        self.alias = system_alias()  # reads the stream across tenants
+        self.lease_alias = worker_alias()  # the offset row: lease, heartbeat, advance
         self.stop = threading.Event()
         self.sent = 0
         self._broker_failures = 0
@@ -163,7 +165,7 @@ class Relay:
         self._stop_heartbeat()
         self._position = None
         lease = outbox_settings.RELAY_LEASE
-        position = store.claim_lease(self.alias, self.offset_name, self.owner, lease)
+        position = store.claim_lease(self.lease_alias, self.offset_name, self.owner, lease)
         if position is None:
             return None
         self._position = position
@@ -226,7 +228,9 @@ class Relay:
             logger.info("outbox: relay %s reaches the broker again", self.name)
             self._broker_failures = 0
         last = batch.messages[-1].id
-        advanced = store.advance_leased(self.alias, self.offset_name, self.owner, position, last)
+        advanced = store.advance_leased(
+            self.lease_alias, self.offset_name, self.owner, position, last
+        )
         if not advanced:
             self._position = None
             logger.warning(
@@ -267,7 +271,7 @@ class Relay:
         self._stop_heartbeat()
         self._position = None
         try:
-            store.release_lease(self.alias, self.offset_name, self.owner)
+            store.release_lease(self.lease_alias, self.offset_name, self.owner)
         except DATABASE_ERRORS:
             pass  # the lease runs out by itself
 
@@ -362,7 +366,9 @@ def rewind(
         return Rewind(relay, target, {}, False,
                       f"relay {relay} has not sent message {target.message_id} yet")
     resend = store.count_between(alias, target.before, current)
-    moved = not dry_run and store.set_relay_position(alias, offset_name, target.before)
+    moved = not dry_run and store.set_relay_position(
+        worker_alias(), offset_name, target.before
+    )
     if moved:
         logger.warning(
             "outbox: relay %s rewound to message %s (published %s): %d message(s) are sent again",

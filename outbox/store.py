@@ -1,11 +1,13 @@
 """Every statement on the outbox's tables, and the rows they return.
 
-``outbox_messages``, ``consumer_offsets``, ``outbox_dead_letters`` and
-``outbox_received`` are read and written here and nowhere else; the other
-modules of the app decide what to do and call these functions. Each function
+``outbox_messages``, ``consumer_offsets``, ``outbox_consumer_failures``,
+``outbox_dead_letters`` and ``outbox_received`` are read and written here and
+nowhere else; the other modules of the app decide what to do and call these
+functions. Each function
 takes the database alias it runs on as its first argument: the caller
 decides, through :mod:`tenancy.aliases`, which role does what (the app role
-under row-level security, the system role across tenants), and runs
+under row-level security, the worker role for offsets and leases, the system
+role across tenants), and runs
 tenant-scoped statements inside :func:`tenancy.tenant_context`. A function
 runs in whatever transaction its caller has open on that alias.
 
@@ -63,7 +65,8 @@ class OffsetRow:
 
 @dataclass(frozen=True, slots=True)
 class HeadFailure:
-    """Why an offset stopped before a message: kept on the offset row until it passes.
+    """Why an offset stopped before a message: the count on the offset row, the error
+    in ``outbox_consumer_failures`` (its tenant's row) until it passes.
 
     Attributes:
         attempts: failed attempts so far.
@@ -93,7 +96,9 @@ class ReaderLag:
         behind: messages below the fence that it has not passed yet (for a
             consumer with topics or partitions, an upper bound: rows of other
             topics and partitions count too).
-        attempts, retry_at, last_error: the head message's failures, if any.
+        attempts: failed attempts at the head message (0: none).
+        last_error, failing_tenant: the head's last error and its tenant, from
+            ``outbox_consumer_failures`` (read across tenants by the system role).
     """
 
     name: str
@@ -104,6 +109,7 @@ class ReaderLag:
     last_processed_age: timedelta | None
     attempts: int
     last_error: str
+    failing_tenant: int | None = None
 
 
 @dataclass(frozen=True)
@@ -457,7 +463,7 @@ def lock_offset(
 _ADVANCE_OFFSET = """
 UPDATE consumer_offsets
    SET last_id = %s, last_processed_at = now(),
-       attempts = %s, retry_at = now() + make_interval(secs => %s), last_error = %s
+       attempts = %s, retry_at = now() + make_interval(secs => %s)
  WHERE name = %s AND partition = %s
 """
 
@@ -469,16 +475,43 @@ def advance_offset(
     position: int,
     failure: HeadFailure | None = None,
 ) -> None:
-    """Move a consumer partition to ``position``, recording (or clearing) its head's failure."""
-    attempts, retry_in, error = (
-        (0, None, "") if failure is None
-        else (failure.attempts, failure.retry_in, failure.error)
-    )
+    """Move a consumer partition to ``position``, counting (or clearing) its head's failures.
+
+    The error itself is tenant data: :func:`record_failure` keeps it.
+    """
+    attempts, retry_in = (0, None) if failure is None else (failure.attempts, failure.retry_in)
     with connections[using].cursor() as cursor:
-        cursor.execute(
-            _ADVANCE_OFFSET,
-            [position, attempts, retry_in, error, name, partition],
-        )
+        cursor.execute(_ADVANCE_OFFSET, [position, attempts, retry_in, name, partition])
+
+
+# Hand-written: one upsert per failure, as the failing message's tenant.
+_RECORD_FAILURE = """
+INSERT INTO outbox_consumer_failures
+       (tenant_id, consumer, partition, message_pk, message_id, attempts, error)
+VALUES (%s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT (tenant_id, consumer, partition) DO UPDATE
+   SET message_pk = excluded.message_pk, message_id = excluded.message_id,
+       attempts = excluded.attempts, error = excluded.error, failed_at = now()
+"""
+
+
+def record_failure(
+    using: str, consumer: str, partition: int, message: Message, failure: HeadFailure
+) -> None:
+    """Keep the error of ``message`` at the head of a partition, as its tenant (the caller's
+    context): the tenant's own row of ``outbox_consumer_failures``, under row-level security."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(_RECORD_FAILURE, [
+            message.tenant_id, consumer, partition, message.id, message.message_id,
+            failure.attempts, failure.error,
+        ])
+
+
+def clear_failure(using: str, consumer: str, partition: int) -> None:
+    """Forget the current tenant's failure at the head of a partition (it has passed)."""
+    from outbox.models import ConsumerFailure
+
+    ConsumerFailure.objects.using(using).filter(consumer=consumer, partition=partition).delete()
 
 
 def reader_positions(using: str) -> list[ReaderPosition]:
@@ -845,8 +878,12 @@ def delete_received(using: str, tenant_id: int, older_than: float, limit: int) -
 _READER_LAGS = """
 SELECT o.name, o.partition, o.partition_count, o.last_id,
        (SELECT count(*) FROM outbox_messages m WHERE m.id > o.last_id AND m.id < %s),
-       now() - o.last_processed_at, o.attempts, o.last_error
+       now() - o.last_processed_at, o.attempts, f.error, f.tenant_id
   FROM consumer_offsets o
+  LEFT JOIN LATERAL (
+       SELECT f.error, f.tenant_id FROM outbox_consumer_failures f
+        WHERE f.consumer = o.name AND f.partition = o.partition AND f.message_pk > o.last_id
+        ORDER BY f.failed_at DESC LIMIT 1) AS f ON o.attempts > 0
  ORDER BY o.name, o.partition
 """
 
@@ -857,8 +894,8 @@ def reader_lags(using: str, fence: int) -> list[ReaderLag]:
         cursor.execute(_READER_LAGS, [fence])
         rows = cursor.fetchall()
     return [
-        ReaderLag(name, partition, count, last_id, behind, age, attempts, error)
-        for name, partition, count, last_id, behind, age, attempts, error in rows
+        ReaderLag(name, partition, count, last_id, behind, age, attempts, error or "", tenant)
+        for name, partition, count, last_id, behind, age, attempts, error, tenant in rows
     ]
 
 

@@ -1,16 +1,38 @@
 """Which database connection does what: one rule, asked everywhere.
 
 Every module of the library that needs a connection asks one of these
-functions, so ``TENANCY["APP_DATABASE"]`` and ``TENANCY["SYSTEM_DATABASE"]``
-mean the same thing everywhere, whatever they are called.
+functions, so ``TENANCY["APP_DATABASE"]``, ``TENANCY["WORKER_DATABASE"]`` and
+``TENANCY["SYSTEM_DATABASE"]`` mean the same thing everywhere, whatever they
+are called (docs/roles.md, "Which process connects as which role"):
+
+- the app alias: the web process and the broker's receivers, under
+  row-level security, with no privilege on the shared delivery state;
+- the worker alias: consumers and relays, under row-level security too, the
+  only role that may lock, advance and lease offsets. A consumer's batch is
+  one transaction on it: the offset lock, the handlers (in their tenants'
+  contexts) and the offset advance;
+- the system alias: cross-tenant reads and upkeep (stream, status, reapers).
+
+:func:`tenant_alias` is where tenant work runs *now*: the app alias, or the
+worker alias while :func:`working_as_worker` is open (a consumer's batch), so
+that ``tenant_context()``, ``publish()`` and the ORM (through
+``tenancy.routers.AppDatabaseRouter``) follow the batch's transaction.
 """
 
 from __future__ import annotations
+
+import contextvars
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from django.conf import settings
 
 from django_idempotency_outbox.errors import ConfigurationError
 from tenancy.conf import tenancy_settings
+
+_working_on: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "tenancy_working_on", default=None
+)
 
 
 def app_alias(using: str | None = None) -> str:
@@ -20,6 +42,22 @@ def app_alias(using: str | None = None) -> str:
     ``TENANCY["APP_DATABASE"]`` (``"default"`` unless set).
     """
     return using or tenancy_settings.APP_DATABASE
+
+
+def worker_alias(using: str | None = None) -> str:
+    """The alias of the workers' role (consumers, relays), under row-level security.
+
+    Raises:
+        ConfigurationError: the alias is not in ``DATABASES``.
+    """
+    alias = using or tenancy_settings.WORKER_DATABASE
+    if alias not in settings.DATABASES:
+        raise ConfigurationError(
+            f"Database alias {alias!r} is not configured: consumers and relays keep their "
+            "offsets through a connection as the worker role (TENANCY[\"WORKER_DATABASE\"], "
+            "docs/roles.md)."
+        )
+    return alias
 
 
 def system_alias(using: str | None = None) -> str:
@@ -36,3 +74,24 @@ def system_alias(using: str | None = None) -> str:
             '(TENANCY["SYSTEM_DATABASE"], docs/roles.md).'
         )
     return alias
+
+
+def tenant_alias(using: str | None = None) -> str:
+    """Where tenant-scoped work runs now: ``using``, else the worker alias inside
+    :func:`working_as_worker`, else the app alias."""
+    return using or _working_on.get() or tenancy_settings.APP_DATABASE
+
+
+@contextmanager
+def working_as_worker(alias: str) -> Iterator[str]:
+    """Send this thread's (or task's) tenant work to ``alias`` while the block runs.
+
+    Opened by a consumer's batch around its transaction on the worker alias:
+    ``tenant_context()`` without ``using``, ``publish()`` and the ORM (through
+    ``AppDatabaseRouter``) then run in that transaction.
+    """
+    token = _working_on.set(alias)
+    try:
+        yield alias
+    finally:
+        _working_on.reset(token)

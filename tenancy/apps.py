@@ -6,9 +6,13 @@ class TenancyConfig(AppConfig):
     verbose_name = "Tenancy"
 
     def ready(self) -> None:
+        from django.db.models.signals import post_migrate
+
         from tenancy import checks
+        from tenancy.privileges import grant_after_migrate
 
         checks.register()
+        post_migrate.connect(grant_after_migrate, dispatch_uid="tenancy.grant_after_migrate")
         register_schema_extension()
 
 

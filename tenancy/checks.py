@@ -28,6 +28,7 @@ def register() -> None:
     checks.register(check_settings)
     checks.register(check_routing)
     checks.register(check_database_roles, checks.Tags.database)
+    checks.register(check_privileges, checks.Tags.database)
 
 
 def _is_postgresql(alias: str) -> bool:
@@ -80,7 +81,18 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="tenancy.W004",
             )
         )
-    for alias in (app_alias, system_alias):
+    worker_alias = tenancy_settings.WORKER_DATABASE
+    if worker_alias not in settings.DATABASES:
+        errors.append(
+            checks.Warning(
+                f'TENANCY["WORKER_DATABASE"] = {worker_alias!r} is not in DATABASES: consumers '
+                "and relays keep their offsets through a connection as the worker role.",
+                hint="Add a DATABASES entry that logs in as the worker role (docs/roles.md).",
+                id="tenancy.W019",
+            )
+        )
+    errors.extend(_check_distinct_roles())
+    for alias in (app_alias, worker_alias, system_alias):
         if alias in settings.DATABASES and not _is_postgresql(alias):
             errors.append(
                 checks.Error(
@@ -96,6 +108,26 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             get_resolver()
         except Exception as exc:
             errors.append(checks.Error(str(exc), id="tenancy.E006"))
+    return errors
+
+
+def _check_distinct_roles() -> list[checks.CheckMessage]:
+    from tenancy.privileges import role_names
+
+    names = role_names()
+    errors: list[checks.CheckMessage] = []
+    for kind in ("worker", "system"):
+        if kind in names and names[kind] == names.get("app"):
+            errors.append(
+                checks.Error(
+                    f"The app role and the {kind} role are both {names[kind]!r}: the web "
+                    f"process would hold the {kind} role's privileges "
+                    + ("(the shared delivery state: offsets and leases)." if kind == "worker"
+                       else "(every tenant's rows)."),
+                    hint="Give each its own role (docs/roles.md, TENANCY[\"ROLES\"]).",
+                    id="tenancy.E020",
+                )
+            )
     return errors
 
 
@@ -129,6 +161,7 @@ def check_routing(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMe
                     id="tenancy.E008",
                 )
             )
+    errors.extend(_check_worker_routing(own))
     if not own and app_alias != "default" and not settings.DATABASE_ROUTERS:
         errors.append(
             checks.Warning(
@@ -143,6 +176,68 @@ def check_routing(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMe
     return errors
 
 
+def _check_worker_routing(own: list[Any]) -> list[checks.CheckMessage]:
+    """Inside a consumer's batch, do the ORM's writes go to the worker alias?"""
+    from django.apps import apps
+
+    from tenancy.aliases import working_as_worker
+
+    worker = tenancy_settings.WORKER_DATABASE
+    if not apps.is_installed("outbox") or worker not in settings.DATABASES:
+        return []
+    errors: list[checks.CheckMessage] = []
+    with working_as_worker(worker):
+        for model in own:
+            routed = router.db_for_write(model)
+            if routed != worker:
+                errors.append(
+                    checks.Error(
+                        f"{model._meta.label} is tenant-isolated, but inside a consumer's batch "
+                        f"the ORM writes it to {routed!r}, not to the batch's transaction on "
+                        f'TENANCY["WORKER_DATABASE"] = {worker!r}: a handler\'s writes would '
+                        "not commit with its offset advance.",
+                        hint='Add "tenancy.routers.AppDatabaseRouter" to DATABASE_ROUTERS '
+                        "(docs/consumers.md).",
+                        obj=model,
+                        id="tenancy.E021",
+                    )
+                )
+    return errors
+
+
+def check_privileges(
+    app_configs: Any = None, databases: Sequence[str] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Each role's privileges on each library table, against ``tenancy.privileges.MATRIX``."""
+    from tenancy.privileges import compare
+
+    aliases = [a for a in databases or () if a in settings.DATABASES and _is_postgresql(a)]
+    if not aliases:
+        return []
+    try:
+        findings = compare(aliases[0])
+    except DatabaseError as exc:
+        return [checks.Error(f"Could not inspect database {aliases[0]!r}: {exc}",
+                             id="tenancy.E010")]
+    errors: list[checks.CheckMessage] = []
+    for f in findings:
+        kinds = "/".join(f.kinds) or "no kind"
+        if f.missing:
+            errors.append(checks.Error(
+                f"Role {f.role!r} ({kinds}) lacks {f.privilege} on {f.table}.",
+                hint=f"Run, as the owner: {f.fix} (or manage.py grant_privileges).",
+                id="tenancy.E017",
+            ))
+        else:
+            errors.append(checks.Error(
+                f"Role {f.role!r} ({kinds}) has {f.privilege} on {f.table}, which the "
+                "library's privilege matrix does not give it (docs/roles.md).",
+                hint=f"Run, as the owner: {f.fix} (or manage.py grant_privileges).",
+                id="tenancy.E018",
+            ))
+    return errors
+
+
 def check_database_roles(
     app_configs: Any = None, databases: Sequence[str] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
@@ -153,7 +248,7 @@ def check_database_roles(
         if alias not in settings.DATABASES or not _is_postgresql(alias):
             continue
         try:
-            if alias == tenancy_settings.APP_DATABASE:
+            if alias in (tenancy_settings.APP_DATABASE, tenancy_settings.WORKER_DATABASE):
                 found = list(_check_app_alias(alias, tables))
             elif alias == tenancy_settings.SYSTEM_DATABASE:
                 found = list(_check_system_alias(alias, tables))

@@ -10,7 +10,7 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from tenancy.aliases import app_alias
+from tenancy.aliases import tenant_alias
 
 #: The PostgreSQL setting that the row-level security policies compare with.
 GUC = "app.tenant_id"
@@ -76,13 +76,14 @@ def tenant_context(tenant_id: int, *, using: str | None = None) -> Iterator[int]
 
     Args:
         tenant_id: the tenant, an int in PostgreSQL's bigint range.
-        using: database alias; ``TENANCY["APP_DATABASE"]`` when omitted.
+        using: database alias; when omitted, ``TENANCY["APP_DATABASE"]`` (the
+            worker alias inside a consumer's batch, ``tenancy.aliases.tenant_alias``).
 
     Raises:
         TypeError, ValueError: ``tenant_id`` is not a valid tenant id.
     """
     tenant_id = validate_tenant_id(tenant_id)
-    alias = app_alias(using)
+    alias = tenant_alias(using)
     connection = connections[alias]
     outermost = not connection.in_atomic_block
     with transaction.atomic(using=alias):
@@ -107,7 +108,7 @@ def tenant_context(tenant_id: int, *, using: str | None = None) -> Iterator[int]
 
 def current_tenant_id(using: str | None = None) -> int | None:
     """The tenant set by the innermost open :func:`tenant_context`, or None."""
-    connection = connections[app_alias(using)]
+    connection = connections[tenant_alias(using)]
     if not connection.in_atomic_block:
         return None
     stack = _stack(connection)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tenancy.aliases import app_alias
+from tenancy.aliases import tenant_alias
 
 
 class AppDatabaseRouter:
@@ -19,6 +19,10 @@ class AppDatabaseRouter:
         DATABASES = {"default": {}, "app": {...}, "system": {...}, "owner": {...}}
         DATABASE_ROUTERS = ["tenancy.routers.AppDatabaseRouter"]
         TENANCY = {"APP_DATABASE": "app", ...}
+
+    Inside a consumer's batch (``tenancy.aliases.working_as_worker``) the
+    queries go to ``TENANCY["WORKER_DATABASE"]`` instead, where the batch's
+    transaction is open: a handler's writes commit with its offset advance.
 
     A model instance read through another alias (``.using("system")``) is
     saved there again, as Django does without a router. Migrations are not
@@ -35,4 +39,4 @@ class AppDatabaseRouter:
         instance = hints.get("instance")
         if instance is not None and getattr(instance, "_state", None) and instance._state.db:
             return None  # Django keeps the instance on the alias it came from
-        return app_alias()
+        return tenant_alias()

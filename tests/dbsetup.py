@@ -1,4 +1,4 @@
-"""Create, migrate and grant a database the way docs/roles.md describes.
+"""Create and migrate a database the way docs/roles.md describes (migrate grants).
 
 Used by the test harness (tests/conftest.py) and the benchmarks (bench/).
 """
@@ -9,14 +9,11 @@ import contextlib
 import os
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import psycopg
 from django.conf import settings
 from django.core.management import call_command
 from django.db import connections
-
-GRANTS = (Path(__file__).parent / "grants.sql").read_text()
 
 
 def owner_dsn(dbname: str) -> str:
@@ -68,19 +65,17 @@ def pooler_paused(dbname: str) -> Iterator[None]:
 
 
 def recreate_database(drop_policies: bool = False) -> None:
-    """Drop and create the configured database as the owner, migrate, grant."""
+    """Drop and create the configured database as the owner, and migrate it as the owner.
+
+    ``migrate`` applies the privileges (``tenancy.privileges``), as it does in
+    a deployment; nothing is granted by hand.
+    """
     name = settings.DATABASES["default"]["NAME"]
     with pooler_paused(name), psycopg.connect(owner_dsn("postgres"), autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"')
     call_command("migrate", database="owner", verbosity=0)
     with connections["owner"].cursor() as cursor:
-        cursor.execute(
-            GRANTS.format(
-                app=settings.DATABASES["default"]["USER"],
-                system=settings.DATABASES["system"]["USER"],
-            )
-        )
         if drop_policies:
             # Used only by the sensitivity test: the same suite, without RLS.
             cursor.execute(

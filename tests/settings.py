@@ -5,16 +5,23 @@
 
 - ``default``: the app role (NOSUPERUSER, NOBYPASSRLS, not the owner): every
   test runs as the web process would.
+- ``worker``: the worker role (RLS-bound, like the app role): consumers'
+  batches and the relays' leases; the only role with privileges on
+  ``consumer_offsets``.
 - ``system``: the system role, for cross-tenant upkeep.
 - ``owner``: the owner role; only the test harness uses it (migrate, cleanup).
+
+The library's privileges are not granted by hand: ``migrate`` as the owner
+applies ``tenancy.privileges.MATRIX`` (and, with ``GRANT_PROJECT_TABLES``, the
+test app's and Django's tables), as in a deployment.
 
 ``DIO_POOLED`` puts aliases behind the private pgbouncer (transaction
 pooling, ``scripts/services start pgbouncer``, which exports
 ``DIO_PGBOUNCER_PORT``): ``DIO_POOLED=app`` routes ``default`` through it
 (what ``make test-pooled`` runs), ``DIO_POOLED=app,system`` the system alias
-too. The owner alias always connects directly: migrations and the harness's
-cleanup are not what a pooler is for. Processes the tests start inherit the
-environment, so they connect the same way.
+too, ``worker`` the worker alias. The owner alias always connects directly:
+migrations and the harness's cleanup are not what a pooler is for. Processes
+the tests start inherit the environment, so they connect the same way.
 """
 
 import os
@@ -24,7 +31,7 @@ from django.core.exceptions import ImproperlyConfigured
 _NAME = os.environ.get("DIO_TEST_DB", "dio_test")
 
 #: Aliases DIO_POOLED may name, and the alias each one means.
-_POOLABLE = {"app": "default", "system": "system"}
+_POOLABLE = {"app": "default", "system": "system", "worker": "worker"}
 
 
 def _pooled_aliases() -> set[str]:
@@ -32,7 +39,7 @@ def _pooled_aliases() -> set[str]:
     unknown = names - _POOLABLE.keys()
     if unknown:
         raise ImproperlyConfigured(
-            f"DIO_POOLED names {', '.join(sorted(unknown))}; expected 'app' or 'app,system'"
+            f"DIO_POOLED names {', '.join(sorted(unknown))}; expected some of app, worker, system"
         )
     if names and not os.environ.get("DIO_PGBOUNCER_PORT"):
         raise ImproperlyConfigured(
@@ -83,6 +90,7 @@ def _database(alias: str, role_env: str, default_role: str) -> dict:
 
 DATABASES = {
     "default": _database("default", "DIO_APP_ROLE", "dio_app"),
+    "worker": _database("worker", "DIO_WORKER_ROLE", "dio_worker"),
     "system": _database("system", "DIO_SYSTEM_ROLE", "dio_system"),
     "owner": _database("owner", "DIO_OWNER_ROLE", "dio_owner"),
 }
@@ -138,7 +146,14 @@ REST_FRAMEWORK = {
 TENANCY = {
     "TENANT_RESOLVER": "tests.testapp.auth.tenant_of",
     "SYSTEM_DATABASE": "system",
+    "WORKER_DATABASE": "worker",
+    # The test app's tables (and Django's) are granted by migrate too.
+    "GRANT_PROJECT_TABLES": True,
 }
+
+# Consumers' handlers write through the ORM: inside a batch the router sends
+# their queries to the worker alias, where the batch's transaction is open.
+DATABASE_ROUTERS = ["tenancy.routers.AppDatabaseRouter"]
 
 # The reaper's pause between batches is tested on its own (test_reaper.py).
 IDEMPOTENCY: dict = {"REAP_PAUSE": 0}

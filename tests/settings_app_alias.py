@@ -3,9 +3,10 @@
 ``make test-app-alias`` runs the tenancy, idempotency and outbox suites with
 these settings:
 
-- ``app`` is the app role (``TENANCY["APP_DATABASE"]``) and ``upkeep`` the
-  system role (``TENANCY["SYSTEM_DATABASE"]``); ``owner`` is unchanged.
-- ``default`` and ``system`` stay only as inert entries: Django's dummy
+- ``app`` is the app role (``TENANCY["APP_DATABASE"]``), ``consumers`` the
+  worker role (``TENANCY["WORKER_DATABASE"]``) and ``upkeep`` the system role
+  (``TENANCY["SYSTEM_DATABASE"]``); ``owner`` is unchanged.
+- ``default``, ``worker`` and ``system`` stay only as inert entries: Django's dummy
   backend, which refuses every query, so any code that still sends a query
   to either name fails at once. They keep the connection details because the
   harness (tests/dbsetup.py, tests/helpers.py) reads the roles' and the
@@ -25,10 +26,14 @@ def _inert(database: dict) -> dict:
 
 DATABASES = {
     "default": _inert(_DATABASES["default"]),
+    "worker": _inert(_DATABASES["worker"]),
     "system": _inert(_DATABASES["system"]),
     "app": _DATABASES["default"],
+    "consumers": _DATABASES["worker"],
     "upkeep": _DATABASES["system"],
     "owner": _DATABASES["owner"],
 }
 DATABASE_ROUTERS = ["tenancy.routers.AppDatabaseRouter"]
-TENANCY = {**_TENANCY, "APP_DATABASE": "app", "SYSTEM_DATABASE": "upkeep"}
+TENANCY = {
+    **_TENANCY, "APP_DATABASE": "app", "WORKER_DATABASE": "consumers", "SYSTEM_DATABASE": "upkeep",
+}

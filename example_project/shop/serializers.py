@@ -21,8 +21,9 @@ class SkuField(serializers.SlugRelatedField):
 
 class OrderSerializer(serializers.ModelSerializer):
     product = SkuField(slug_field="sku", queryset=Product.objects.all())
-    quantity = serializers.IntegerField(min_value=1, max_value=2**31 - 1,
-                                        error_messages={"min_value": "Order at least one."})
+    quantity = serializers.IntegerField(
+        min_value=1, max_value=2**31 - 1, error_messages={"min_value": "Order at least one."}
+    )
 
     class Meta:
         model = Order

@@ -38,6 +38,7 @@ def shop_environment(db: str, gateway_url: str) -> dict[str, str]:
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "example_project.settings",
         "DATABASE_URL": url("DIO_APP_ROLE", "dio_app"),
+        "WORKER_DATABASE_URL": url("DIO_WORKER_ROLE", "dio_worker"),
         "SYSTEM_DATABASE_URL": url("DIO_SYSTEM_ROLE", "dio_system"),
         "OWNER_DATABASE_URL": url("DIO_OWNER_ROLE", "dio_owner"),
         "CELERY_BROKER_URL": os.environ.get("DIO_REDIS_URL", "redis://127.0.0.1:6379/0"),

@@ -9,7 +9,8 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connections
 
-from idempotency.reaper import REAP_LOCK_ID, ReaperRefused, reap_expired_keys
+from idempotency.exceptions import ReaperBusy
+from idempotency.reaper import ReaperRefused, reap_expired_keys
 from tenancy.aliases import app_alias, system_alias
 from tests.helpers import count_rows, observer
 
@@ -74,27 +75,57 @@ def test_it_refuses_an_unknown_alias():
         reap_expired_keys(using="nope")
 
 
-def test_a_second_reaper_steps_aside_while_one_runs():
-    make_keys(1, expired=5, live=0)
+def _hold_lease(owner: str, interval: str) -> None:
     with observer() as conn:
-        conn.execute("SELECT pg_advisory_lock(%s)", [REAP_LOCK_ID])
-        report = reap_expired_keys()
-        assert report.skipped and report.deleted == 0
+        conn.execute(
+            "UPDATE idempotency_leases SET owner = %s, until = now() + %s::interval"
+            " WHERE name = 'reaper'", [owner, interval],
+        )
+
+
+def test_a_second_reaper_refuses_loudly_while_one_holds_the_lease():
+    make_keys(1, expired=5, live=0)
+    _hold_lease("host:1:other", "1 minute")
+    with pytest.raises(ReaperBusy, match=r"not run: another reaper \(host:1:other\) holds the "
+                       r"lease until \d{4}-"):
+        reap_expired_keys()
     assert count_rows("idempotency_keys") == 5
+    with pytest.raises(CommandError, match="another reaper"):
+        call_command("reap_idempotency_keys")
 
 
-@pytest.mark.direct_sessions(
-    "system", reason="the reaper's single-instance lock is a session-level advisory lock"
-)
+def test_a_lease_left_by_a_dead_reaper_runs_out():
+    make_keys(1, expired=5, live=0)
+    _hold_lease("host:1:dead", "-1 second")
+    assert reap_expired_keys().deleted == 5
+    with observer() as conn:
+        assert conn.execute(
+            "SELECT owner, until FROM idempotency_leases WHERE name = 'reaper'"
+        ).fetchone() == ("", None)  # released at the end
+
+
+def test_reapers_run_one_after_another_on_a_pooled_system_alias():
+    # Behind pgbouncer (DIO_POOLED=app,system) a session advisory lock stayed on
+    # a pooled server session and every later run stepped aside; the lease row
+    # is released by a statement of its own, whichever server session runs it.
+    make_keys(1, expired=5, live=0)
+    assert reap_expired_keys().deleted == 5
+    make_keys(2, expired=7, live=0)
+    assert reap_expired_keys().deleted == 7
+
+
 def test_two_concurrent_reapers_neither_double_count_nor_deadlock():
     make_keys(1, expired=3000, live=10)
     make_keys(2, expired=3000, live=10)
     reports = []
     errors = []
+    busy: list[bool] = []
 
     def run():
         try:
             reports.append(reap_expired_keys(batch_size=50))
+        except ReaperBusy:
+            busy.append(True)  # the other one held the lease: refused, nothing done
         except Exception as exc:  # pragma: no cover - reported below
             errors.append(exc)
         finally:
@@ -107,6 +138,7 @@ def test_two_concurrent_reapers_neither_double_count_nor_deadlock():
         t.join(60)
     assert not any(t.is_alive() for t in threads), "a reaper hung"
     assert errors == []
+    assert len(reports) + len(busy) == 2 and reports
     assert sum(r.deleted for r in reports) == 6000
     assert count_rows("idempotency_keys") == 20
 
@@ -154,6 +186,19 @@ def test_the_celery_task_runs_the_same_job():
     result = task.apply(kwargs={"batch_size": 4}).get()
     assert result["deleted"] == 6 and result["batches"] == 2
     assert count_rows("idempotency_keys") == 1
+
+
+def test_the_celery_task_fails_while_another_reaper_holds_the_lease():
+    # A scheduler must see a failed task, not a report of zero keys reaped.
+    from idempotency.tasks import reap_expired_keys as task
+
+    make_keys(2, expired=6, live=0)
+    _hold_lease("host:2:other", "1 minute")
+    result = task.apply()
+    assert result.failed()
+    assert isinstance(result.result, ReaperBusy)
+    assert "holds the lease until" in str(result.result)
+    assert count_rows("idempotency_keys") == 6
 
 
 def test_the_reaper_pauses_between_batches_and_commits_them_asynchronously(monkeypatch):

@@ -33,7 +33,10 @@ app.conf.update(
 )
 
 
-@app.task(name="tests.outbox.receive_order", shared=False)  # on this app only, not on every app made later
+# shared=False: this app's task only. A shared task (Celery's default) joins
+# every Celery app created after this module is imported, such as the apps
+# tests/outbox/test_checks.py builds to check their receivers.
+@app.task(name="tests.outbox.receive_order", shared=False)
 @receiver("tests.receive_order")
 def receive_order(message: Message) -> None:
     Order.objects.create(

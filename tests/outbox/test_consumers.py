@@ -148,7 +148,7 @@ def test_a_partition_held_by_another_worker_is_skipped():
     placed("a")
     consumer = OrderRecorder()
     ensure_offsets(consumer)
-    with connect() as other, other.transaction():
+    with connect("worker") as other, other.transaction():
         other.execute("SELECT 1 FROM consumer_offsets WHERE name = 'orders' FOR UPDATE")
         assert run_batch(consumer).locked
     assert effects() == {}
@@ -212,7 +212,7 @@ def test_a_new_consumer_started_now_with_the_documented_sql_skips_the_past():
     """docs/consumers.md, 'Adding a consumer to a running system'."""
     old = placed("old", "older")
     wait_for(lambda: status_fence() > message_position(old[-1]), "the past below the fence")
-    with connect() as conn:  # as the app role, like a deploy script would
+    with connect("worker") as conn:  # as the worker role: the app role may not
         conn.execute(
             "INSERT INTO consumer_offsets (name, partition, partition_count, last_id)"
             " SELECT 'orders', p, 1, outbox_fence() - 1 FROM generate_series(0, 0) p"

@@ -186,18 +186,23 @@ class SessionRecorder(SlowRecorder):
     seen: dict[str, str] = {}
 
     def handle(self, message) -> None:
-        from django.db import connection
+        from django.db import connections
 
-        with connection.cursor() as cursor:
+        from tenancy.aliases import tenant_alias
+
+        with connections[tenant_alias()].cursor() as cursor:  # the batch's: the worker alias
             for setting in WATCHED:
                 cursor.execute(f"SHOW {setting}")
                 SessionRecorder.seen[setting] = cursor.fetchone()[0]
 
 
 def watched_now() -> dict[str, str]:
-    from django.db import connection
+    """The settings on the connection tenant work runs on now (a batch's: the worker alias)."""
+    from django.db import connections
 
-    with connection.cursor() as cursor:
+    from tenancy.aliases import tenant_alias
+
+    with connections[tenant_alias()].cursor() as cursor:
         values = {}
         for setting in WATCHED:
             cursor.execute(f"SHOW {setting}")

@@ -47,9 +47,6 @@ class Command(BaseCommand):
             )
         except (ImproperlyConfigured, ValueError, RuntimeError) as exc:
             raise CommandError(str(exc)) from exc
-        if report.skipped:
-            self.stdout.write("Another reaper is running (advisory lock held); nothing done.")
-            return
         verb = "Would delete" if report.dry_run else "Deleted"
         batches = "" if report.dry_run else f" in {report.batches} batches"
         self.stdout.write(

@@ -45,7 +45,8 @@ class Command(BaseCommand):
             for r in s.readers:
                 part = f"{r.partition}/{r.partition_count}"
                 error = (r.last_error.splitlines() or [""])[-1][:60]
-                note = f"attempt {r.attempts}: {error}" if r.attempts else ""
+                tenant = f" (tenant {r.failing_tenant})" if r.failing_tenant is not None else ""
+                note = f"attempt {r.attempts}{tenant}: {error}" if r.attempts else ""
                 out(f"{r.name:<32} {part:>6} {r.behind:>8} {_age(r.last_processed_age):>9}  {note}")
         else:
             out("no consumer or relay has run yet")

@@ -1,0 +1,322 @@
+"""Who may do what to the library's tables: one matrix, for the grants, the check and the docs.
+
+:data:`MATRIX` is the only list of the library's privileges. ``migrate`` run
+as the tables' owner applies it (a ``post_migrate`` handler, app by app),
+``manage.py grant_privileges`` applies or prints it, the system check
+``tenancy.E017``/``E018`` compares the database with it, and docs/roles.md
+shows its ``--print`` output (a test keeps the page and the matrix equal).
+
+Applying is idempotent and never widens: for each library table and role it
+revokes everything, then grants the matrix's privileges, in one transaction.
+The role of each kind is ``TENANCY["ROLES"][kind]``, else the ``USER`` of the
+kind's alias (``APP_DATABASE``, ``WORKER_DATABASE``, ``SYSTEM_DATABASE``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from django.apps import apps
+from django.conf import settings
+from django.db import connections, transaction
+
+from tenancy.conf import tenancy_settings
+
+APP, WORKER, SYSTEM = "app", "worker", "system"
+KINDS = (APP, WORKER, SYSTEM)
+
+#: The privileges a table can carry; what the matrix leaves out is revoked.
+TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
+DML = ("SELECT", "INSERT", "UPDATE", "DELETE")
+
+#: app label -> table -> role kind -> privileges. No TRUNCATE anywhere.
+#:
+#: - app (the web process, receivers): DML under RLS on tenant tables; the
+#:   outbox is append-only; nothing on the shared delivery state
+#:   (``consumer_offsets``) nor on the consumers' failures.
+#: - worker (consumers, relays): RLS-bound too; the only role that may lock
+#:   (``FOR UPDATE`` needs UPDATE), advance and lease offsets; handlers may
+#:   publish and park, as their message's tenant.
+#: - system (cross-tenant reads and upkeep, BYPASSRLS): reads the stream,
+#:   offsets, failures and dead letters; deletes what retention and the
+#:   reaper delete; updates keys (the reaper's give-up) and its lease.
+MATRIX: dict[str, dict[str, dict[str, tuple[str, ...]]]] = {
+    "idempotency": {
+        "idempotency_keys": {APP: DML, SYSTEM: ("SELECT", "UPDATE", "DELETE")},
+        "idempotency_leases": {SYSTEM: ("SELECT", "UPDATE")},
+    },
+    "outbox": {
+        "outbox_messages": {
+            APP: ("SELECT", "INSERT"),
+            WORKER: ("SELECT", "INSERT"),
+            SYSTEM: ("SELECT", "DELETE"),
+        },
+        "consumer_offsets": {WORKER: ("SELECT", "INSERT", "UPDATE"), SYSTEM: ("SELECT",)},
+        "outbox_consumer_failures": {WORKER: DML, SYSTEM: ("SELECT",)},
+        "outbox_dead_letters": {APP: DML, WORKER: ("SELECT", "INSERT"), SYSTEM: ("SELECT",)},
+        "outbox_received": {APP: ("SELECT", "INSERT"), SYSTEM: ("SELECT", "DELETE")},
+    },
+}
+
+#: Django's record of applied migrations: read by ``runserver``'s start-up check.
+MIGRATIONS_TABLE = "django_migrations"
+
+#: The aliases setting of each kind.
+_ALIAS_SETTING = {APP: "APP_DATABASE", WORKER: "WORKER_DATABASE", SYSTEM: "SYSTEM_DATABASE"}
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One table's privileges for one role (several kinds may share a role)."""
+
+    table: str
+    role: str
+    kinds: tuple[str, ...]
+    privileges: tuple[str, ...]
+    revoke_first: bool  # library tables: exactly the matrix; project tables: only add
+
+
+def role_names() -> dict[str, str]:
+    """The role of each kind that has one: ``TENANCY["ROLES"]``, else its alias's ``USER``."""
+    names: dict[str, str] = {}
+    overrides = tenancy_settings.ROLES
+    for kind in KINDS:
+        alias = getattr(tenancy_settings, _ALIAS_SETTING[kind])
+        user = overrides.get(kind) or settings.DATABASES.get(alias, {}).get("USER") or ""
+        if user:
+            names[kind] = user
+    return names
+
+
+def library_tables(
+    app_labels: Iterable[str] | None = None,
+) -> dict[str, dict[str, tuple[str, ...]]]:
+    """The matrix rows of the installed library apps (of ``app_labels`` only, if given)."""
+    wanted = None if app_labels is None else set(app_labels)
+    rows: dict[str, dict[str, tuple[str, ...]]] = {}
+    for label, tables in MATRIX.items():
+        if apps.is_installed(label) and (wanted is None or label in wanted):
+            rows.update(tables)
+    return rows
+
+
+def project_tables(
+    app_labels: Iterable[str] | None = None,
+) -> dict[str, dict[str, tuple[str, ...]]]:
+    """Your apps' tables, when ``TENANCY["GRANT_PROJECT_TABLES"]`` is on.
+
+    DML to the app role on each, and to the worker role on the
+    ``tenant_isolated`` ones (consumers' handlers write those). Nothing is
+    revoked on them: grants you add by hand stay. Django's own
+    ``django_migrations`` (no model, no app) gets ``SELECT`` for the app role
+    with the rows of each app of yours (``post_migrate`` comes app by app):
+    ``runserver`` reads it at start-up on the web process's alias.
+    """
+    if not tenancy_settings.GRANT_PROJECT_TABLES:
+        return {}
+    wanted = None if app_labels is None else set(app_labels)
+    rows: dict[str, dict[str, tuple[str, ...]]] = {}
+    if wanted is None or wanted - MATRIX.keys():
+        rows[MIGRATIONS_TABLE] = {APP: ("SELECT",)}
+    for model in apps.get_models(include_auto_created=True):
+        meta = model._meta
+        if meta.app_label in MATRIX or meta.proxy or not meta.managed:
+            continue
+        if wanted is not None and meta.app_label not in wanted:
+            continue
+        kinds: dict[str, tuple[str, ...]] = {APP: DML}
+        if getattr(model, "tenant_isolated", False):
+            kinds[WORKER] = DML
+        rows[meta.db_table] = kinds
+    return rows
+
+
+def grants(
+    app_labels: Iterable[str] | None = None, roles: dict[str, str] | None = None
+) -> list[Grant]:
+    """What the matrix (and the project tables' opt-in) grants, per table and role."""
+    names = role_names() if roles is None else roles
+    result: list[Grant] = []
+    for rows, exact in ((library_tables(app_labels), True), (project_tables(app_labels), False)):
+        for table, by_kind in rows.items():
+            by_role: dict[str, list[str]] = {}
+            for kind in KINDS:
+                if kind in names:
+                    by_role.setdefault(names[kind], [])
+                    if kind in by_kind:
+                        by_role[names[kind]].append(kind)
+            for role, kinds in by_role.items():
+                privileges = tuple(
+                    p for p in TABLE_PRIVILEGES if any(p in by_kind[k] for k in kinds)
+                )
+                if exact or privileges:
+                    result.append(Grant(table, role, tuple(kinds), privileges, exact))
+    return result
+
+
+def quote(name: str) -> str:
+    """An SQL identifier, quoted only when it must be."""
+    if re.fullmatch(r"[a-z_][a-z0-9_$]*", name):
+        return name
+    return '"' + name.replace('"', '""') + '"'
+
+
+def statements(
+    app_labels: Iterable[str] | None = None,
+    roles: dict[str, str] | None = None,
+    schema: str = "public",
+) -> list[str]:
+    """The SQL that applies the matrix: what ``grant_privileges --print`` prints."""
+    names = role_names() if roles is None else roles
+    found = grants(app_labels, names)
+    if not found:
+        return []
+    everyone = ", ".join(quote(r) for r in dict.fromkeys(names.values()))
+    lines = [f"GRANT USAGE ON SCHEMA {quote(schema)} TO {everyone};"]
+    for grant in found:
+        if grant.revoke_first:
+            lines.append(f"REVOKE ALL ON {quote(grant.table)} FROM {quote(grant.role)};")
+        if grant.privileges:
+            lines.append(
+                f"GRANT {', '.join(grant.privileges)} ON {quote(grant.table)} "
+                f"TO {quote(grant.role)};"
+            )
+    return lines
+
+
+def _existing(cursor: object, tables: Sequence[str]) -> set[str]:
+    cursor.execute(  # type: ignore[attr-defined]
+        "SELECT c.relname FROM pg_class c WHERE c.relname = ANY(%s)"
+        " AND c.relnamespace = current_schema()::regnamespace",
+        [list(tables)],
+    )
+    return {row[0] for row in cursor.fetchall()}  # type: ignore[attr-defined]
+
+
+def owns_tables(using: str, app_labels: Iterable[str] | None = None) -> bool:
+    """Whether ``using``'s role owns (or is a member of the owner of) the tables to grant."""
+    tables = [g.table for g in grants(app_labels)]
+    if not tables:
+        return False
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*), coalesce(bool_and(pg_has_role(current_user, c.relowner, 'USAGE')),"
+            " false) FROM pg_class c WHERE c.relname = ANY(%s)"
+            " AND c.relnamespace = current_schema()::regnamespace",
+            [tables],
+        )
+        count, owned = cursor.fetchone()
+    return bool(count) and bool(owned)
+
+
+def apply(using: str, app_labels: Iterable[str] | None = None) -> list[str]:
+    """Apply the matrix on ``using`` (the owner's alias), in one transaction.
+
+    Tables that do not exist yet are skipped; so are roles that do not exist
+    (the check reports them). Returns the statements run.
+    """
+    labels = None if app_labels is None else list(app_labels)
+    names = role_names()
+    run: list[str] = []
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        cursor.execute("SELECT current_schema()")
+        schema = cursor.fetchone()[0]
+        cursor.execute("SELECT rolname FROM pg_roles WHERE rolname = ANY(%s)",
+                       [list(names.values())])
+        present = {row[0] for row in cursor.fetchall()}
+        names = {kind: role for kind, role in names.items() if role in present}
+        found = grants(labels, names)
+        existing = _existing(cursor, [g.table for g in found])
+        keep = {g.table for g in found} & existing
+        for statement in statements(labels, names, schema):
+            table = re.search(r" ON (?:SCHEMA )?(\S+) ", statement)
+            if " ON SCHEMA " not in statement and table and table.group(1).strip('"') not in keep:
+                continue
+            cursor.execute(statement)
+            run.append(statement)
+    return run
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A difference between a role's privileges on a table and the matrix."""
+
+    table: str
+    role: str
+    kinds: tuple[str, ...]
+    privilege: str
+    missing: bool  # False: an extra privilege
+
+    @property
+    def fix(self) -> str:
+        if self.missing:
+            return f"GRANT {self.privilege} ON {quote(self.table)} TO {quote(self.role)};"
+        return f"REVOKE {self.privilege} ON {quote(self.table)} FROM {quote(self.role)};"
+
+
+def compare(using: str) -> list[Finding]:
+    """Each role's privileges on each library table, against the matrix.
+
+    Effective privileges (``has_table_privilege``: granted to the role, to a
+    role it belongs to, or to PUBLIC). Tables not migrated yet and roles that
+    do not exist are left out. Project tables (the opt-in) are checked for
+    missing privileges only.
+    """
+    names = role_names()
+    found = grants(None, names)
+    if not found:
+        return []
+    with connections[using].cursor() as cursor:
+        existing = _existing(cursor, [g.table for g in found])
+        cursor.execute(
+            """
+            SELECT t.tbl, r.rolname, p.priv,
+                   has_table_privilege(r.rolname,
+                                       format('%%I.%%I', current_schema(), t.tbl), p.priv)
+              FROM unnest(%s::text[]) AS t(tbl)
+             CROSS JOIN unnest(%s::text[]) AS p(priv)
+              JOIN pg_roles r ON r.rolname = ANY(%s)
+            """,
+            [sorted(existing), list(TABLE_PRIVILEGES), sorted(set(names.values()))],
+        )
+        held = {(t, r, p) for t, r, p, has in cursor.fetchall() if has}
+        cursor.execute("SELECT rolname FROM pg_roles WHERE rolname = ANY(%s)",
+                       [sorted(set(names.values()))])
+        present = {row[0] for row in cursor.fetchall()}
+    findings: list[Finding] = []
+    for grant in found:
+        if grant.table not in existing or grant.role not in present:
+            continue
+        for privilege in TABLE_PRIVILEGES:
+            has = (grant.table, grant.role, privilege) in held
+            wanted = privilege in grant.privileges
+            if wanted and not has:
+                findings.append(Finding(grant.table, grant.role, grant.kinds, privilege, True))
+            elif has and not wanted and grant.revoke_first:
+                findings.append(Finding(grant.table, grant.role, grant.kinds, privilege, False))
+    return findings
+
+
+def grant_after_migrate(
+    sender: object, app_config: object = None, using: str = "default", verbosity: int = 1,
+    **kwargs: object,
+) -> None:
+    """``post_migrate``: apply an app's rows of the matrix when migrate ran as their owner.
+
+    Connected by ``TenancyConfig.ready()``. Django sends the signal once per
+    app after every ``migrate``; the library's apps get exactly the matrix,
+    your apps what ``GRANT_PROJECT_TABLES`` grants (if on). A migrate run by
+    a role that does not own the tables grants nothing (it could not).
+    """
+    label = getattr(app_config, "label", None)
+    if label is None or not (label in MATRIX or tenancy_settings.GRANT_PROJECT_TABLES):
+        return
+    if using not in settings.DATABASES or not grants([label]):
+        return
+    if not owns_tables(using, [label]):
+        return
+    run = apply(using, [label])
+    if verbosity >= 2 and run:
+        print(f"  Granted {label}'s privileges ({len(run)} statements, docs/roles.md)")
