@@ -5,19 +5,26 @@ replays its answer afterwards. In the default single-transaction mode the
 handler's writes, any outbox events and the stored answer commit together in
 one transaction, so a crash anywhere leaves either everything or nothing.
 
-How one request goes, inside ``tenant_context``::
+How one request goes, in a transaction of its own (each line one round trip)::
 
-    lookup    SELECT the key row; if there is no live row, also try a
-              transaction-level advisory lock on the key (never blocks)
-    handler   runs inside a savepoint
-    store     INSERT the finished row (UPDATE, to take over an expired one)
-    COMMIT
+    read      SET LOCAL the tenant; SELECT the key row: one message in
+              autocommit, one implicit transaction (store.peek). A live
+              row is answered from here: a replay is this one indexed read,
+              with no BEGIN and no COMMIT.
+    claim     BEGIN; SET LOCAL the tenant; SAVEPOINT; SELECT the key row
+              again and, if there is no live row, try a transaction-level
+              advisory lock on the key (never blocks)
+    handler   runs inside the savepoint (its own statements)
+    store     RELEASE SAVEPOINT; INSERT the finished row (UPDATE, to take
+              over an expired one); COMMIT
 
-A replay is one indexed read in a transaction that writes nothing. A new key costs two
-statements more than the handler alone, and no extra round trip: ``SET
-LOCAL`` and ``SAVEPOINT`` travel with the lookup, ``RELEASE SAVEPOINT`` and
+A new key costs two round trips more than the handler's own transaction would
+(the read and the claim; the store carries the COMMIT). ``BEGIN``, ``SET
+LOCAL`` and ``SAVEPOINT`` travel with the claim, ``RELEASE SAVEPOINT`` and
 ``COMMIT`` with the store (see :class:`_Coalesce` and
-:func:`idempotency.store.insert_finished`).
+:func:`idempotency.store.insert_finished`). Inside a caller's transaction
+there is no read in autocommit and nothing is merged: the claim's lookup
+answers a replay there.
 
 - A live finished row is replayed (same fingerprint) or refused as a mismatch.
 - No live row and the lock is taken by another transaction: that request is
@@ -320,10 +327,47 @@ class _Coalesce:
         # Bind first, then join: the joined text changes with every savepoint
         # name, and psycopg would parse it again for placeholders each time.
         bound = sql if params is None else cursor.mogrify(sql, params)
-        result = execute("; ".join([*held, bound]), None, many, context)
+        raw = cursor.connection
+        begin = begin_statement(raw)
+        if begin is None:
+            result = execute("; ".join([*held, bound]), None, many, context)
+        else:
+            # psycopg would send its BEGIN as a round trip of its own before
+            # this message; it goes first in the message instead. psycopg
+            # sends a message as it is only in autocommit, so it is in
+            # autocommit for this one execute (allowed: no transaction is
+            # open yet); afterwards it is back to what it would be had it sent
+            # BEGIN itself: not in autocommit, in the transaction. The public
+            # setter refuses that inside a transaction, hence the attribute
+            # (tests/idempotency/test_upstream.py pins it).
+            raw.autocommit = True
+            try:
+                result = execute("; ".join([begin, *held, bound]), None, many, context)
+            finally:
+                raw._autocommit = False
         while cursor.nextset():  # the caller reads the last statement's result
             pass
         return result
+
+
+def begin_statement(raw: psycopg.Connection[Any]) -> str | None:
+    """The BEGIN psycopg sends before its next statement, or None if it sends none.
+
+    psycopg starts a transaction itself when it is not in autocommit and no
+    transaction is open, with the connection's isolation level, read-only
+    and deferrable modes: the same words as here.
+    """
+    if raw.autocommit or raw.info.transaction_status is not psycopg.pq.TransactionStatus.IDLE:
+        return None
+    parts = ["BEGIN"]
+    if raw.isolation_level is not None:
+        level = psycopg.IsolationLevel(raw.isolation_level)
+        parts += ["ISOLATION LEVEL", level.name.replace("_", " ")]
+    if raw.read_only is not None:
+        parts.append("READ ONLY" if raw.read_only else "READ WRITE")
+    if raw.deferrable is not None:
+        parts.append("DEFERRABLE" if raw.deferrable else "NOT DEFERRABLE")
+    return " ".join(parts)
 
 
 def _attempt(
@@ -338,6 +382,12 @@ def _attempt(
     # In a transaction of our own, utility statements and the COMMIT can travel
     # with our statements; inside the caller's transaction, nothing is merged.
     outermost = not connection.in_atomic_block and connection.get_autocommit()
+    if outermost:
+        # A finished key (a replay or a mismatch) is answered from one read
+        # in autocommit: no transaction to begin and commit.
+        peeked = store.peek(alias, request)
+        if peeked is not None and peeked.live:
+            return answer_from_row(request, peeked)
     coalesce = _Coalesce(enabled=outermost)
     with connection.execute_wrapper(coalesce), tenant_context(request.tenant_id, using=alias):
         try:

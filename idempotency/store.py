@@ -33,6 +33,7 @@ from django.db.models import BooleanField, Count, ExpressionWrapper, Q, Window
 from django.db.models.functions import Coalesce, Now
 
 from idempotency.models import IdempotencyKey
+from tenancy.context import set_tenant_sql
 
 if TYPE_CHECKING:
     from idempotency.core import IdempotentRequest, StoredResponse
@@ -254,6 +255,30 @@ def lookup(alias: str, request: IdempotentRequest, *, lock: bool = False) -> Key
         sql, params = _LOOKUP_AND_LOCK, _key(request, lock_id=request.lock_id)
     with connections[alias].cursor() as cursor:
         cursor.execute(sql, params)
+        live, locked, leased, token, fingerprint, state, status, body, headers = cursor.fetchone()
+    return KeyLookup(live, locked, leased, token, fingerprint, state, status, body, _json(headers))
+
+
+def peek(alias: str, request: IdempotentRequest) -> KeyLookup | None:
+    """The key's row, read in autocommit in one round trip; None if this connection cannot.
+
+    The tenant's ``SET LOCAL`` and the lookup go in one message, which
+    PostgreSQL runs as one implicit transaction: row-level security applies
+    (the tenant is set for that transaction only), nothing is locked, and
+    nothing is left set afterwards. A replay needs nothing more: no BEGIN,
+    no COMMIT. Only outside a transaction (in one, the ``SET LOCAL`` would
+    outlive the lookup) and on a cursor that binds on the client (the only
+    kind that sends several statements in one message); otherwise None, and
+    the caller looks the key up in its transaction.
+    """
+    connection = connections[alias]
+    if connection.in_atomic_block or not connection.get_autocommit():
+        return None
+    with connection.cursor() as cursor:
+        if not isinstance(cursor.cursor, psycopg.ClientCursor):
+            return None
+        cursor.execute(f"{set_tenant_sql(request.tenant_id)}; {_LOOKUP_ONLY}", _key(request))
+        cursor.nextset()  # past the SET LOCAL, to the lookup's row
         live, locked, leased, token, fingerprint, state, status, body, headers = cursor.fetchone()
     return KeyLookup(live, locked, leased, token, fingerprint, state, status, body, _json(headers))
 

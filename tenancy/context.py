@@ -48,12 +48,23 @@ def _stack(connection: Any) -> list[int]:
     return stack
 
 
-def _set(connection: Any, tenant_id: int | None) -> None:
-    # SET LOCAL, not set_config(): Citus forwards SET LOCAL to its workers, and
-    # SET takes no bind parameters, so the value is a validated integer literal.
+def set_tenant_sql(tenant_id: int | None) -> str:
+    """The one statement that sets the tenant of a transaction (None: no tenant).
+
+    ``SET LOCAL``, not ``set_config()``: Citus forwards ``SET LOCAL`` to its
+    workers, and ``SET`` takes no bind parameters, so the value is a
+    validated integer literal. :func:`tenant_context` sends it; a caller that
+    sends it with other statements in one message (the replay lookup of
+    :func:`idempotency.store.peek`) sets the tenant for that message's
+    transaction only.
+    """
     value = "" if tenant_id is None else str(validate_tenant_id(tenant_id))
+    return f"SET LOCAL {GUC} = '{value}'"
+
+
+def _set(connection: Any, tenant_id: int | None) -> None:
     with connection.cursor() as cursor:
-        cursor.execute(f"SET LOCAL {GUC} = '{value}'")
+        cursor.execute(set_tenant_sql(tenant_id))
 
 
 @contextmanager

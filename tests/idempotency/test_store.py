@@ -131,3 +131,31 @@ def test_a_claim_returns_a_typed_claim_and_a_duplicate_gets_none():
     assert isinstance(first, store.Claim)
     assert (first.token, first.recovery_point, first.phase_state) == (1, "started", {})
     assert len(first.request_id) == 36 and again is None
+
+
+def test_a_peek_reads_the_key_in_autocommit_as_the_tenant_and_leaves_nothing_set():
+    finished()
+    app_connection().ensure_connection()
+    found = store.peek(app_alias(), request())
+    assert found is not None and (found.live, found.status_code, found.response) == (
+        True, 201, b"body"
+    )
+    # Row-level security applied: another tenant's peek at the same key finds no row.
+    other = store.peek(app_alias(), dataclasses.replace(request(), tenant_id=2))
+    assert other is not None and not other.exists
+    # Nothing is left open or set on the connection.
+    assert app_connection().get_autocommit() and not app_connection().in_atomic_block
+    with app_connection().cursor() as cursor:
+        cursor.execute(
+            "SELECT current_setting('app.tenant_id', true), count(*) FROM idempotency_keys"
+        )
+        setting, visible = cursor.fetchone()
+    assert setting in (None, "") and visible == 0
+
+
+def test_a_peek_is_refused_inside_a_transaction():
+    # There, its SET LOCAL would outlive the read: the caller reads in its transaction.
+    finished()
+    with tenant_context(1):
+        assert store.peek(app_alias(), request()) is None
+        assert store.lookup(app_alias(), request()).live

@@ -1,20 +1,31 @@
 """These tests pin upstream behaviour that the idempotent hot path relies on.
 
-A new key costs one round trip for the lookup and one for the store because
-the library leans on two other projects' behaviour, not on their documented API:
+A replay costs one round trip, and a new key one for the read, one for the
+claim and one for the store (plus the handler's own), because the library
+leans on two other projects' behaviour, not on their documented API:
 
 - ``idempotency.core._Coalesce`` recognises Django's ``SAVEPOINT`` and
   ``RELEASE SAVEPOINT`` statements (and ``tenant_context``'s ``SET LOCAL``) by
   their text, holds them back and sends them with the next statement;
+- it also sends the ``BEGIN`` that psycopg would send as a round trip of its
+  own at the head of that message, with psycopg in autocommit for that one
+  execute and its ``_autocommit`` attribute set back afterwards (the public
+  setter refuses to change it inside a transaction);
 - ``idempotency.store.insert_finished`` appends ``; COMMIT`` to the key's
   INSERT, relying on psycopg's ``commit()`` being a no-op once the server
   reports the transaction finished, so that Django's own commit (and its
   ``on_commit`` callbacks) behave as usual.
 
-When an upgrade of Django or psycopg changes either, a test here fails and
-says what changed; the place to adapt is ``_Coalesce`` or ``insert_finished``.
-Round trips are counted on the wire, from libpq's own protocol trace: every
-Query message the client sends is one round trip.
+And on PostgreSQL's: ``idempotency.store.peek`` sends ``SET LOCAL`` and the
+lookup in one simple-query message in autocommit, which the server runs as
+one implicit transaction (the setting holds for the lookup, and for nothing
+after it).
+
+When an upgrade of Django, psycopg or PostgreSQL changes any of these, a test
+here fails and says what changed; the place to adapt is ``_Coalesce``,
+``insert_finished`` or ``peek``. Round trips are counted on the wire, from
+libpq's own protocol trace: every Query message the client sends is one round
+trip.
 """
 
 from __future__ import annotations
@@ -153,8 +164,13 @@ def test_atomic_and_tenant_context_send_exactly_the_statements_coalesce_holds():
 # --- round trips on the wire ----------------------------------------------------------
 
 
-def test_a_new_key_is_one_round_trip_for_the_lookup_and_one_for_the_store():
+def test_a_new_key_is_a_read_a_claim_and_a_store():
+    modes: list[tuple[bool, pq.TransactionStatus]] = []
+
     def handler() -> core.StoredResponse:
+        # psycopg is where its own BEGIN would have left it: in a transaction, not autocommit.
+        raw = app_connection().connection
+        modes.append((raw.autocommit, raw.info.transaction_status))
         Order.objects.create(tenant_id=current_tenant_id(), sku="tea")
         return stored()
 
@@ -164,39 +180,121 @@ def test_a_new_key_is_one_round_trip_for_the_lookup_and_one_for_the_store():
     assert result.outcome is core.Outcome.EXECUTED
     sent = traced.round_trips()
     assert not [s for s in sent if alone(s)], f"a held statement went out alone: {sent}"
-    begin, lookup, order, store = sent  # and no COMMIT of its own after the store
-    assert begin == "BEGIN"
-    assert lookup.startswith("SET LOCAL app.tenant_id = '1'; SAVEPOINT "), lookup
-    assert "LEFT JOIN idempotency_keys" in lookup and "pg_try_advisory_xact_lock" in lookup
+    assert "BEGIN" not in sent, f"psycopg sent its BEGIN as a round trip of its own: {sent}"
+    peek, claim, order, store = sent  # and no COMMIT of its own after the store
+    assert peek.startswith("SET LOCAL app.tenant_id = '1'; "), peek
+    assert "LEFT JOIN idempotency_keys" in peek and "pg_try_advisory_xact_lock" not in peek
+    assert claim.startswith("BEGIN; SET LOCAL app.tenant_id = '1'; SAVEPOINT "), claim
+    assert "LEFT JOIN idempotency_keys" in claim and "pg_try_advisory_xact_lock" in claim
     assert order.startswith('INSERT INTO "testapp_order"'), order
     assert store.startswith("RELEASE SAVEPOINT "), store
     assert "INSERT INTO idempotency_keys" in store and store.endswith("; COMMIT"), store
-    assert idle()
+    assert modes == [(False, pq.TransactionStatus.INTRANS)]
+    assert idle() and app_connection().connection.autocommit is True
 
 
-def test_a_replay_is_one_indexed_read():
+def test_a_replay_is_one_indexed_read_and_no_transaction():
     core.execute(request(), stored, lambda r: r)
     app_connection().ensure_connection()
     with wire() as traced:
         result = core.execute(request(), stored, lambda r: r)
     assert result.outcome is core.Outcome.REPLAYED
     sent = traced.round_trips()
-    assert not [s for s in sent if alone(s)], f"a held statement went out alone: {sent}"
-    assert len(sent) == 3 and sent[0] == "BEGIN" and sent[2] == "COMMIT", sent
-    assert "LEFT JOIN idempotency_keys" in sent[1]
+    assert len(sent) == 1, sent
+    assert sent[0].startswith("SET LOCAL app.tenant_id = '1'; "), sent
+    assert "LEFT JOIN idempotency_keys" in sent[0] and "BEGIN" not in sent[0]
+    assert idle() and app_connection().get_autocommit()
 
 
-def test_through_the_drf_mixin_a_new_key_costs_the_same(client):
+def test_through_the_drf_mixin_a_new_key_and_a_replay_cost_the_same(client):
     # The whole request, on the connection the request opens.
     with wire() as traced:
         assert client.order(key="wire").status_code == 201
     sent = traced.round_trips()
     assert not [s for s in sent if alone(s)], f"a held statement went out alone: {sent}"
-    assert len(sent) == 4, sent  # BEGIN, lookup, the order's INSERT, store + COMMIT
+    assert len(sent) == 4, sent  # the read, BEGIN + claim, the order's INSERT, store + COMMIT
+    assert sent[1].startswith("BEGIN; ")
     assert sent[-1].startswith("RELEASE SAVEPOINT ") and sent[-1].endswith("; COMMIT")
     with wire() as traced:
         assert client.order(key="wire")["Idempotent-Replayed"] == "true"
-    assert len(traced.round_trips()) == 3
+    assert len(traced.round_trips()) == 1
+
+
+# --- psycopg's BEGIN, sent by _Coalesce ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"isolation_level": psycopg.IsolationLevel.REPEATABLE_READ, "read_only": False},
+     {"isolation_level": psycopg.IsolationLevel.SERIALIZABLE, "read_only": True,
+      "deferrable": True}],
+    ids=["default", "repeatable-read", "serializable-read-only-deferrable"],
+)
+def test_the_begin_coalesce_sends_is_the_one_psycopg_would_send(options):
+    traced = Wire()
+    with connect() as conn:
+        for name, value in options.items():
+            setattr(conn, name, value)
+        expected = core.begin_statement(conn)
+        traced.attach(conn.pgconn)
+        conn.execute("SELECT 1")  # psycopg begins the transaction itself
+        conn.pgconn.untrace()
+        conn.rollback()
+        assert core.begin_statement(conn) == expected
+    assert traced.round_trips()[0] == expected, traced.round_trips()
+
+
+def test_psycopg_keeps_its_autocommit_mode_in_the_attribute_coalesce_sets_back():
+    # What _Coalesce does with psycopg when it sends BEGIN itself: psycopg
+    # must then be exactly where its own BEGIN would have left it.
+    traced = Wire()
+    with connect() as conn:
+        assert conn.autocommit is False
+        traced.attach(conn.pgconn)
+        conn.autocommit = True
+        conn.execute("BEGIN; SELECT 1")
+        conn._autocommit = False
+        assert conn.autocommit is False
+        assert conn.info.transaction_status is pq.TransactionStatus.INTRANS
+        with pytest.raises(psycopg.ProgrammingError):
+            conn.autocommit = True  # why the attribute: the setter refuses in a transaction
+        conn.execute("SELECT 2")  # no second BEGIN
+        conn.commit()  # a COMMIT is sent
+        conn.execute("SELECT 3")  # and the next statement begins a new transaction
+        conn.pgconn.untrace()
+        conn.rollback()
+    assert traced.round_trips() == ["BEGIN; SELECT 1", "SELECT 2", "COMMIT", "BEGIN", "SELECT 3"]
+
+
+def test_a_failed_claim_message_leaves_a_transaction_django_rolls_back():
+    # The claim message is BEGIN; SET LOCAL; SAVEPOINT; lookup. If the lookup
+    # fails, the BEGIN has run: atomic() must roll back, and the connection
+    # must be usable, in autocommit, afterwards.
+    def broken(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if "pg_try_advisory_xact_lock" in sql:
+            sql = sql.replace("LEFT JOIN idempotency_keys", "LEFT JOIN no_such_table")
+        return execute(sql, params, many, context)
+
+    app_connection().ensure_connection()
+    with app_connection().execute_wrapper(broken), pytest.raises(Exception, match="no_such_table"):
+        core.execute(request(), stored, lambda r: r)
+    assert idle() and app_connection().get_autocommit() and not app_connection().in_atomic_block
+    assert app_connection().connection.autocommit is True
+    assert core.execute(request(), stored, lambda r: r).outcome is core.Outcome.EXECUTED
+
+
+# --- SET LOCAL in a one-message read (store.peek) ------------------------------------------
+
+
+def test_set_local_in_a_message_in_autocommit_holds_for_that_message_only():
+    with connect(autocommit=True) as conn:
+        cur = psycopg.ClientCursor(conn)
+        cur.execute("SET LOCAL app.tenant_id = '7'; SELECT current_setting('app.tenant_id')")
+        cur.nextset()
+        assert cur.fetchone() == ("7",)
+        assert conn.info.transaction_status is pq.TransactionStatus.IDLE
+        after = conn.execute("SELECT current_setting('app.tenant_id', true)").fetchone()[0]
+        assert after in (None, "")
 
 
 # --- "; COMMIT" and psycopg's commit() ---------------------------------------------------

@@ -17,14 +17,21 @@ class Order(models.Model):
 
 
 class PlainOrder(models.Model):
-    """The same order without tenancy: the baseline endpoint of the benchmark."""
+    """The same order without row-level security: the benchmark's autocommit baseline.
 
+    Same columns and indexes as :class:`Order`, so an insert does the same work
+    in the table; only the policy (and with it the tenant setting and the
+    transaction around it) is missing.
+    """
+
+    tenant_id = models.BigIntegerField()
     sku = models.CharField(max_length=50)
     quantity = models.IntegerField(default=1)
     note = models.TextField(blank=True, default="")
 
     class Meta:
         db_table = "testapp_plain_order"
+        indexes = [models.Index(fields=["tenant_id", "sku"], name="testapp_plain_order_tenant_sku")]
 
 
 class Payment(models.Model):

@@ -73,8 +73,9 @@ class OrderViewSet(IdempotentViewMixin, OrderCreate):
 
 
 class TenantOrderViewSet(OrderCreate):
-    """The same create without the mixin: the benchmark's baseline. A multi-tenant
-    endpoint runs under RLS too, so it sets the tenant for its transaction."""
+    """The same create without the mixin: the benchmark's tenant baseline. A
+    multi-tenant endpoint runs under RLS too, so it sets the tenant for its
+    transaction (BEGIN, SET LOCAL, INSERT, COMMIT)."""
 
     def create(self, request, *args, **kwargs):
         with tenant_context(resolve_tenant(request)):
@@ -141,17 +142,27 @@ class UploadView(IdempotentViewMixin, APIView):
         return Response({"id": order.id, "sha256": digest}, status=201)
 
 
-class PlainOrderSerializer(serializers.ModelSerializer):
-    class Meta:
+class PlainOrderSerializer(OrderSerializer):
+    class Meta(OrderSerializer.Meta):
         model = PlainOrder
-        fields = ["id", "sku", "quantity", "note"]
+
+    def create(self, validated_data):
+        validated_data.pop("sleep", None)
+        validated_data.pop("then", None)
+        tenant_id = resolve_tenant(self.context["request"])
+        return PlainOrder.objects.create(tenant_id=tenant_id, **validated_data)
 
 
-class PlainOrderViewSet(mixins.CreateModelMixin, viewsets.GenericViewSet):
-    """The baseline of the benchmark: the same create, without the mixin."""
+class PlainOrderViewSet(OrderCreate):
+    """The benchmark's autocommit baseline: the same create and answer, into a
+    table without row-level security, with no tenant context and no mixin. The
+    INSERT runs in autocommit (one statement, one commit), as an endpoint of a
+    single-tenant app does: what other idempotency packages are compared with."""
 
     serializer_class = PlainOrderSerializer
-    queryset = PlainOrder.objects.all()
+
+    def get_queryset(self):
+        return PlainOrder.objects.all()
 
 
 @idempotent(scope="order.create-plain-django")
