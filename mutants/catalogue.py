@@ -10,6 +10,9 @@ Add a mutant whenever a claim is added to the docs; keep the tests named here
 targeted (each run costs the test database's setup, about ten seconds).
 """
 
+# ruff: noqa: E501
+# (snippets are copied from the code exactly, long lines included)
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -38,12 +41,17 @@ def mutant(id: str, module: str, claim: str, file: str, old: str, new: str,
     return Mutant(id, module, claim, (Edit(file, old, new), *more), tests, equivalent)
 
 
-I = "tests/idempotency/"
-O = "tests/outbox/"
-T = "tests/tenancy/"
-I_CLAIMS = I + "test_claims.py"
-O_CLAIMS = O + "test_claims.py"
-T_CLAIMS = T + "test_claims.py"
+IDEM = "tests/idempotency/"
+OUTBOX = "tests/outbox/"
+TENANCY = "tests/tenancy/"
+I_CLAIMS = IDEM + "test_claims.py"
+O_CLAIMS = OUTBOX + "test_claims.py"
+T_CLAIMS = TENANCY + "test_claims.py"
+O_PROCESSES = OUTBOX + "test_claims_processes.py"
+O_OUTAGE = (O_PROCESSES + "::test_a_relay_whose_redis_goes_down_keeps_its_offset_and_sends"
+            "_everything_when_it_is_back")
+O_RELAY_SIGTERM = O_PROCESSES + "::test_sigterm_while_the_relay_sends_a_batch_lets_it_finish_and_advance"
+O_BEAT = O_PROCESSES + "::test_every_task_of_the_documented_beat_schedule_runs_in_a_real_worker"
 
 CATALOGUE: list[Mutant] = [
     # --- idempotency: settings defaults --------------------------------------------------
@@ -53,7 +61,7 @@ CATALOGUE: list[Mutant] = [
         "idempotency/conf.py",
         "IN_PROGRESS_WAIT = Setting(0.0, seconds())",
         "IN_PROGRESS_WAIT = Setting(5.0, seconds())",
-        (I_CLAIMS, I + "test_core.py", I + "test_concurrency.py"),
+        (I_CLAIMS, IDEM + "test_core.py", IDEM + "test_concurrency.py"),
     ),
     mutant(
         "conf.unstored-default-reduced", "idempotency.conf",
@@ -61,7 +69,7 @@ CATALOGUE: list[Mutant] = [
         "idempotency/conf.py",
         "frozenset({401, 403, 404, 408, 409, 425, 429})",
         "frozenset({403, 404, 409, 429})",
-        (I_CLAIMS, I + "test_contract.py"),
+        (I_CLAIMS, IDEM + "test_contract.py"),
     ),
     # --- idempotency: the state machine (core.py) -----------------------------------------
     mutant(
@@ -70,7 +78,7 @@ CATALOGUE: list[Mutant] = [
         "idempotency/core.py",
         "if status_code >= 500 or status_code in codes:",
         "if status_code > 500 or status_code in codes:",
-        (I_CLAIMS, I + "test_contract.py", I + "test_core.py"),
+        (I_CLAIMS, IDEM + "test_contract.py", IDEM + "test_core.py"),
     ),
     mutant(
         "core.final-4xx-completed", "idempotency.core",
@@ -78,7 +86,7 @@ CATALOGUE: list[Mutant] = [
         "idempotency/core.py",
         "    if status_code >= 400:\n        return Verdict.FAILED",
         "    if status_code >= 499:\n        return Verdict.FAILED",
-        (I_CLAIMS, I + "test_contract.py", I + "test_core.py"),
+        (I_CLAIMS, IDEM + "test_contract.py", IDEM + "test_core.py"),
     ),
     mutant(
         "core.failed-writes-kept", "idempotency.core",
@@ -86,7 +94,7 @@ CATALOGUE: list[Mutant] = [
         "idempotency/core.py",
         "                if verdict is not Verdict.COMPLETED:\n                    raise _Undo",
         "                if verdict is Verdict.UNSTORED:\n                    raise _Undo",
-        (I + "test_contract.py", I + "test_core.py"),
+        (IDEM + "test_contract.py", IDEM + "test_core.py"),
     ),
     mutant(
         "core.mismatch-replayed", "idempotency.core",
@@ -94,7 +102,7 @@ CATALOGUE: list[Mutant] = [
         "idempotency/core.py",
         "    if row.fingerprint != request.fingerprint:\n        return Result(Outcome.MISMATCH)",
         "    if False:\n        return Result(Outcome.MISMATCH)",
-        (I + "test_contract.py",),
+        (IDEM + "test_contract.py",),
     ),
     mutant(
         "core.pending-replayed", "idempotency.core",
@@ -102,7 +110,7 @@ CATALOGUE: list[Mutant] = [
         "idempotency/core.py",
         '    if row.state == "pending":\n        return Result(Outcome.IN_PROGRESS)',
         '    if row.state == "pending" and False:\n        return Result(Outcome.IN_PROGRESS)',
-        (I + "test_phases.py",),
+        (IDEM + "test_phases.py",),
     ),
     mutant(
         "core.lost-race-ignored", "idempotency.core",
@@ -110,7 +118,7 @@ CATALOGUE: list[Mutant] = [
         "idempotency/core.py",
         "        if not stored:\n            # Another transaction",
         "        if False:\n            # Another transaction",
-        (I + "test_concurrency.py", I + "test_core.py", I + "test_store.py"),
+        (IDEM + "test_concurrency.py", IDEM + "test_core.py", IDEM + "test_store.py"),
     ),
     mutant(
         "core.in-progress-not-detected", "idempotency.core",
@@ -118,7 +126,7 @@ CATALOGUE: list[Mutant] = [
         "idempotency/core.py",
         "                if not found.locked:\n                    return Result(Outcome.IN_PROGRESS)",
         "                if found.locked is None:\n                    return Result(Outcome.IN_PROGRESS)",
-        (I_CLAIMS, I + "test_concurrency.py", I + "test_core.py"),
+        (I_CLAIMS, IDEM + "test_concurrency.py", IDEM + "test_core.py"),
     ),
     mutant(
         "core.wait-zero-retries", "idempotency.core",
@@ -126,7 +134,7 @@ CATALOGUE: list[Mutant] = [
         "idempotency/core.py",
         "if not in_progress or time.monotonic() >= deadline:",
         "if not in_progress or time.monotonic() >= deadline + 0.5:",
-        (I_CLAIMS, I + "test_core.py"),
+        (I_CLAIMS, IDEM + "test_core.py"),
     ),
     mutant(
         "core.key-list-joined", "idempotency.core",
@@ -134,7 +142,7 @@ CATALOGUE: list[Mutant] = [
         "idempotency/core.py",
         '        if "," in key:\n            raise InvalidKey(_MANY_VALUES)',
         '        if "," in key and False:\n            raise InvalidKey(_MANY_VALUES)',
-        (I + "test_core.py", I + "test_contract.py", I + "test_bad_input.py"),
+        (IDEM + "test_core.py", IDEM + "test_contract.py", IDEM + "test_bad_input.py"),
     ),
     mutant(
         "core.key-length", "idempotency.core",
@@ -142,7 +150,7 @@ CATALOGUE: list[Mutant] = [
         "idempotency/core.py",
         "    if len(key) > limit:",
         "    if len(key) > limit + 1:",
-        (I + "test_contract.py", I + "test_core.py"),
+        (IDEM + "test_contract.py", IDEM + "test_core.py"),
     ),
     # --- idempotency: the store --------------------------------------------------------------
     mutant(
@@ -152,7 +160,7 @@ CATALOGUE: list[Mutant] = [
         '_FINISHED = {**_REQUEST, **_ANSWER, "created_at": "now()"}',
         '_FINISHED = {**_REQUEST, **_ANSWER, "expires_at": "%(app_now)s::timestamptz + %(ttl)s",'
         ' "created_at": "now()"}',
-        (I_CLAIMS, I + "test_contract.py", I + "test_core.py"),
+        (I_CLAIMS, IDEM + "test_contract.py", IDEM + "test_core.py"),
         more=(Edit("idempotency/store.py",
                    '        "ttl": ttl,\n    }',
                    '        "ttl": ttl,\n        "app_now": __import__("django.utils.timezone")'
@@ -164,7 +172,7 @@ CATALOGUE: list[Mutant] = [
         "idempotency/store.py",
         "_LIVE = f\"(k.expires_at > now() OR k.state = '{PENDING}')\"",
         "_LIVE = f\"(k.expires_at > now() - interval '1 hour' OR k.state = '{PENDING}')\"",
-        (I + "test_contract.py",),
+        (IDEM + "test_contract.py",),
     ),
     mutant(
         "store.finish-without-fence", "idempotency.store",
@@ -174,7 +182,7 @@ CATALOGUE: list[Mutant] = [
         " WHERE {_KEY} AND state = '{PENDING}' AND lease_token = %(token)s",
         "UPDATE idempotency_keys SET ({_names(_PHASES_FINISHED)}) = ROW({_exprs(_PHASES_FINISHED)})\n"
         " WHERE {_KEY} AND state = '{PENDING}' AND (lease_token = %(token)s OR TRUE)",
-        (I + "test_phases.py", I + "test_store.py"),
+        (IDEM + "test_phases.py", IDEM + "test_store.py"),
     ),
     mutant(
         "store.advance-without-fence", "idempotency.store",
@@ -184,7 +192,7 @@ CATALOGUE: list[Mutant] = [
         " WHERE {_KEY} AND state = '{PENDING}' AND lease_token = %(token)s",
         "       locked_until = clock_timestamp() + %(lease)s, updated_at = now()\n"
         " WHERE {_KEY} AND state = '{PENDING}' AND (lease_token = %(token)s OR TRUE)",
-        (I + "test_phases.py", I + "test_store.py"),
+        (IDEM + "test_phases.py", IDEM + "test_store.py"),
     ),
     mutant(
         "store.take-over-live-lease", "idempotency.store",
@@ -192,7 +200,7 @@ CATALOGUE: list[Mutant] = [
         "idempotency/store.py",
         "   AND (locked_until IS NULL OR locked_until <= clock_timestamp())\n{_CLAIM_RETURNING}",
         "   AND TRUE\n{_CLAIM_RETURNING}",
-        (I + "test_phases.py", I + "test_store.py"),
+        (IDEM + "test_phases.py", IDEM + "test_store.py"),
     ),
     # --- idempotency: one request through the contract (flow.py, mixins.py) ----------------
     mutant(
@@ -201,7 +209,7 @@ CATALOGUE: list[Mutant] = [
         "idempotency/flow.py",
         "    if request.method in SAFE_METHODS:\n        tenant_id = get_tenant()",
         "    if False:\n        tenant_id = get_tenant()",
-        (I_CLAIMS, I + "test_contract.py", I + "test_decorator.py"),
+        (I_CLAIMS, IDEM + "test_contract.py", IDEM + "test_decorator.py"),
     ),
     mutant(
         "mixins.safe-bypass-deleted", "idempotency.flow",
@@ -209,7 +217,7 @@ CATALOGUE: list[Mutant] = [
         "idempotency/mixins.py",
         "        if request.method in flow.SAFE_METHODS:\n            return super()._run_as_tenant",
         "        if False:\n            return super()._run_as_tenant",
-        (I_CLAIMS, I + "test_contract.py", T + "test_views.py"),
+        (I_CLAIMS, IDEM + "test_contract.py", TENANCY + "test_views.py"),
     ),
     mutant(
         "flow.optional-key-outside-tenant", "idempotency.flow",
@@ -217,7 +225,7 @@ CATALOGUE: list[Mutant] = [
         "idempotency/flow.py",
         "        with tenant_context(tenant_id, using=app_alias()):\n            return view()",
         "        if True:\n            return view()",
-        (I + "test_contract.py",),
+        (IDEM + "test_contract.py",),
     ),
     # --- idempotency: phases -------------------------------------------------------------
     mutant(
@@ -226,7 +234,7 @@ CATALOGUE: list[Mutant] = [
         "idempotency/phases.py",
         "                    raise LeaseLost\n                ctx.recovery_point = outcome.name",
         "                    pass\n                ctx.recovery_point = outcome.name",
-        (I + "test_phases.py",),
+        (IDEM + "test_phases.py",),
     ),
     # --- outbox: consumers ------------------------------------------------------------------
     mutant(
@@ -238,7 +246,7 @@ CATALOGUE: list[Mutant] = [
         "            transaction.on_commit(lambda: store.advance_offset(\n"
         "                app, consumer.name, partition, position), using=app)\n"
         "            return BatchResult(handled=done, full=len(messages) == limit)",
-        (O_CLAIMS, O + "test_consumers.py", O + "test_ordering.py"),
+        (O_CLAIMS, OUTBOX + "test_consumers.py", OUTBOX + "test_ordering.py"),
     ),
     mutant(
         "consumer.attempts-reset", "outbox.consumers",
@@ -246,7 +254,7 @@ CATALOGUE: list[Mutant] = [
         "outbox/consumers.py",
         "attempts = (offset.attempts if done == 0 else 0) + 1",
         "attempts = 1",
-        (O + "test_consumers.py",),
+        (OUTBOX + "test_consumers.py",),
     ),
     mutant(
         "consumer.park-late", "outbox.consumers",
@@ -254,7 +262,7 @@ CATALOGUE: list[Mutant] = [
         "outbox/consumers.py",
         "        if attempts >= max_attempts:",
         "        if attempts > max_attempts:",
-        (O + "test_consumers.py",),
+        (OUTBOX + "test_consumers.py",),
     ),
     mutant(
         "consumer.failure-skips-message", "outbox.consumers",
@@ -264,7 +272,7 @@ CATALOGUE: list[Mutant] = [
         "                             HeadFailure(",
         "        store.advance_offset(app, consumer.name, partition, message.position,\n"
         "                             HeadFailure(",
-        (O + "test_consumers.py",),
+        (OUTBOX + "test_consumers.py",),
     ),
     mutant(
         "consumer.wrong-tenant", "outbox.consumers",
@@ -274,7 +282,7 @@ CATALOGUE: list[Mutant] = [
         "                    for message in group:",
         "                with tenant_context(messages[0].tenant_id, using=alias):\n"
         "                    for message in group:",
-        (O + "test_consumers.py",),
+        (OUTBOX + "test_consumers.py",),
     ),
     mutant(
         "consumer.full-batch-jumps-fence", "outbox.consumers",
@@ -282,7 +290,7 @@ CATALOGUE: list[Mutant] = [
         "outbox/consumers.py",
         "            if len(messages) < limit and batch.passed > position:",
         "            if batch.passed > position:",
-        (O + "test_consumers.py", O + "test_ordering.py", O + "test_fence.py"),
+        (OUTBOX + "test_consumers.py", OUTBOX + "test_ordering.py", OUTBOX + "test_fence.py"),
     ),
     mutant(
         "consumer.idle-never-advances", "outbox.consumers",
@@ -290,7 +298,7 @@ CATALOGUE: list[Mutant] = [
         "outbox/consumers.py",
         "            if offset.stale and batch.passed > offset.position:",
         "            if False:",
-        (O + "test_consumers.py", O + "test_retention.py", O + "test_fence.py"),
+        (OUTBOX + "test_consumers.py", OUTBOX + "test_retention.py", OUTBOX + "test_fence.py"),
     ),
     mutant(
         "consumer.read-as-app-role", "outbox.consumers",
@@ -298,7 +306,7 @@ CATALOGUE: list[Mutant] = [
         "outbox/consumers.py",
         "        batch = store.read_batch(\n            system,",
         "        batch = store.read_batch(\n            app,",
-        (O + "test_consumers.py",),
+        (OUTBOX + "test_consumers.py",),
     ),
     mutant(
         "consumer.lock-blocks", "outbox.consumers",
@@ -306,7 +314,7 @@ CATALOGUE: list[Mutant] = [
         "outbox/store.py",
         "   FOR UPDATE SKIP LOCKED\n",
         "   FOR UPDATE\n",
-        (O + "test_consumers.py", O + "test_failover.py"),
+        (OUTBOX + "test_consumers.py", OUTBOX + "test_failover.py"),
     ),
     # --- outbox: the stream reader -----------------------------------------------------------
     mutant(
@@ -315,7 +323,7 @@ CATALOGUE: list[Mutant] = [
         "outbox/stream.py",
         "        return self.fence - 1",
         "        return self.fence",
-        (O + "test_fence.py", O + "test_consumers.py", O + "test_ordering.py"),
+        (OUTBOX + "test_fence.py", OUTBOX + "test_consumers.py", OUTBOX + "test_ordering.py"),
     ),
     mutant(
         "reader.envelope-id-text", "outbox.stream",
@@ -323,7 +331,7 @@ CATALOGUE: list[Mutant] = [
         "outbox/stream.py",
         '        data["message_id"] = str(self.message_id)',
         '        data["message_id"] = str(uuid.uuid4())',
-        (O + "test_receivers.py", O + "test_relay.py", O + "test_schema.py"),
+        (OUTBOX + "test_receivers.py", OUTBOX + "test_relay.py", OUTBOX + "test_schema.py"),
     ),
     # --- outbox: the relay ---------------------------------------------------------------------
     mutant(
@@ -339,7 +347,7 @@ CATALOGUE: list[Mutant] = [
         " [self.offset_name])\n"
         "        try:\n            if self.transport.reads_envelopes:\n"
         "                self.transport.send_envelopes",
-        (O_CLAIMS, O + "test_relay.py"),
+        (O_CLAIMS, OUTBOX + "test_relay.py"),
         more=(Edit("outbox/relay.py",
                    "        if self._broker_failures:\n            logger.info(",
                    "        _held.__exit__(None, None, None)\n"
@@ -353,7 +361,7 @@ CATALOGUE: list[Mutant] = [
         "            store.advance_leased(self.alias, self.offset_name, self.owner, position,\n"
         "                                 batch.messages[-1].id)\n"
         "            self._position = None",
-        (O_CLAIMS, O + "test_relay.py"),
+        (OUTBOX + "test_relay.py", O_OUTAGE),
     ),
     mutant(
         "relay.advance-without-cas", "outbox.relay",
@@ -361,7 +369,7 @@ CATALOGUE: list[Mutant] = [
         "outbox/store.py",
         " WHERE name = %s AND partition = 0 AND last_id = %s AND lease_owner = %s",
         " WHERE name = %s AND partition = 0 AND (last_id = %s OR TRUE) AND (lease_owner = %s OR TRUE)",
-        (O + "test_rewind.py", O + "test_failover.py", O + "test_relay.py"),
+        (OUTBOX + "test_rewind.py", OUTBOX + "test_failover.py", OUTBOX + "test_relay.py"),
     ),
     mutant(
         "relay.lease-ignored", "outbox.relay",
@@ -369,7 +377,7 @@ CATALOGUE: list[Mutant] = [
         "outbox/store.py",
         "   AND (lease_owner = %s OR lease_until IS NULL OR lease_until < now())",
         "   AND (lease_owner = %s OR TRUE)",
-        (O + "test_failover.py", O + "test_relay.py"),
+        (OUTBOX + "test_failover.py", OUTBOX + "test_relay.py"),
     ),
     mutant(
         "relay.heartbeat-too-slow", "outbox.relay",
@@ -377,7 +385,7 @@ CATALOGUE: list[Mutant] = [
         "outbox/relay.py",
         "            while not self._done.wait(self._lease / 4):",
         "            while not self._done.wait(self._lease * 4):",
-        (O + "test_failover.py", O + "test_relay.py"),
+        (OUTBOX + "test_failover.py", OUTBOX + "test_relay.py"),
     ),
     mutant(
         "relay.sends-after-losing-lease", "outbox.relay",
@@ -389,7 +397,7 @@ CATALOGUE: list[Mutant] = [
         "        if self._heartbeat is None:\n"
         "            self._position = None  # another relay took over while this one read\n"
         "            return False",
-        (O + "test_failover.py", O + "test_relay.py", O + "test_rewind.py"),
+        (OUTBOX + "test_failover.py", OUTBOX + "test_relay.py", OUTBOX + "test_rewind.py"),
     ),
     # --- outbox: receivers ----------------------------------------------------------------------
     mutant(
@@ -399,7 +407,7 @@ CATALOGUE: list[Mutant] = [
         "        if not store.record_received(alias, message.tenant_id, receiver, message.message_id):",
         "        if not store.record_received(alias, message.tenant_id, receiver, message.message_id)"
         " and False:",
-        (O + "test_receivers.py",),
+        (OUTBOX + "test_receivers.py",),
     ),
     mutant(
         "receivers.check-then-insert", "outbox.receivers",
@@ -412,7 +420,7 @@ CATALOGUE: list[Mutant] = [
         "        seen = cursor.fetchone() is not None\n"
         "        cursor.execute(_RECORD_RECEIVED, [tenant_id, receiver, message_id])\n"
         "        return not seen",
-        (O_CLAIMS, O + "test_receivers.py"),
+        (O_CLAIMS, OUTBOX + "test_receivers.py"),
     ),
     # --- outbox: loops ---------------------------------------------------------------------------
     mutant(
@@ -421,7 +429,32 @@ CATALOGUE: list[Mutant] = [
         "outbox/loops.py",
         "                    signal.Signals(signum).name)\n        stop.set()",
         "                    signal.Signals(signum).name)\n        raise SystemExit(0)",
-        (O_CLAIMS,),
+        (O_CLAIMS, O_RELAY_SIGTERM),
+    ),
+    # --- the documented beat schedule ------------------------------------------------------------
+    mutant(
+        "tasks.outbox-reap-renamed", "outbox.tasks",
+        "the beat schedule's task outbox.reap exists in a worker that imports outbox.tasks",
+        "outbox/tasks.py",
+        '@shared_task(name="outbox.reap", ignore_result=True)',
+        '@shared_task(name="outbox.reap_outbox", ignore_result=True)',
+        (OUTBOX + "test_tasks.py", O_BEAT),
+    ),
+    mutant(
+        "tasks.key-reaper-renamed", "outbox.tasks",
+        "the beat schedule's task idempotency.tasks.reap_expired_keys exists",
+        "idempotency/tasks.py",
+        '@shared_task(name="idempotency.tasks.reap_expired_keys")',
+        '@shared_task(name="idempotency.tasks.reap_keys")',
+        (IDEM + "test_reaper.py", O_BEAT),
+    ),
+    mutant(
+        "tasks.reap-reports-nothing", "outbox.tasks",
+        "the reap task returns how many messages and receiver records it deleted",
+        "outbox/tasks.py",
+        '    return {"messages": result.messages, "received": result.received}',
+        '    return {"messages": 0, "received": 0}',
+        (OUTBOX + "test_tasks.py", O_CLAIMS),
     ),
     # --- tenancy ---------------------------------------------------------------------------------
     mutant(
@@ -430,7 +463,7 @@ CATALOGUE: list[Mutant] = [
         "tenancy/context.py",
         "        if switch and not outermost and not connection.needs_rollback:",
         "        if False:",
-        (T + "test_context.py",),
+        (TENANCY + "test_context.py",),
     ),
     mutant(
         "context.session-level-set", "tenancy.context",
@@ -438,7 +471,7 @@ CATALOGUE: list[Mutant] = [
         "tenancy/context.py",
         "        cursor.execute(f\"SET LOCAL {GUC} = '{value}'\")",
         "        cursor.execute(f\"SET {GUC} = '{value}'\")",
-        (T + "test_context.py", T + "test_isolation.py"),
+        (TENANCY + "test_context.py", TENANCY + "test_isolation.py"),
     ),
     mutant(
         "context.bigint-range-unchecked", "tenancy.context",
@@ -446,7 +479,7 @@ CATALOGUE: list[Mutant] = [
         "tenancy/context.py",
         "    if not _BIGINT_MIN <= tenant_id <= _BIGINT_MAX:",
         "    if False:",
-        (T + "test_context.py",),
+        (TENANCY + "test_context.py",),
     ),
     mutant(
         "db.cross-tenant-guard-open", "tenancy.db",
@@ -454,7 +487,7 @@ CATALOGUE: list[Mutant] = [
         "tenancy/db.py",
         "    confined = [table for table in tables if facts[table].rls_active]",
         "    confined = []",
-        (T + "test_routing.py", O + "test_relay.py", I + "test_reaper.py"),
+        (TENANCY + "test_routing.py", OUTBOX + "test_relay.py", IDEM + "test_reaper.py"),
     ),
     mutant(
         "checks.E011-missing", "tenancy.checks",
@@ -464,7 +497,7 @@ CATALOGUE: list[Mutant] = [
         '            f"Database {alias!r} connects as {role.name!r}, a superuser: row-level',
         "    role = role_facts(alias)\n    if False:\n        yield checks.Error(\n"
         '            f"Database {alias!r} connects as {role.name!r}, a superuser: row-level',
-        (T_CLAIMS, T + "test_roles.py"),
+        (T_CLAIMS, TENANCY + "test_roles.py"),
     ),
     mutant(
         "checks.E015-missing", "tenancy.checks",
@@ -474,7 +507,7 @@ CATALOGUE: list[Mutant] = [
         '            f"Database {alias!r} connects as {role.name!r}, a superuser. The system',
         "    role = role_facts(alias)\n    if False:\n        yield checks.Error(\n"
         '            f"Database {alias!r} connects as {role.name!r}, a superuser. The system',
-        (T_CLAIMS, T + "test_roles.py"),
+        (T_CLAIMS, TENANCY + "test_roles.py"),
     ),
     mutant(
         "checks.E010-crashes", "tenancy.checks",
@@ -482,7 +515,7 @@ CATALOGUE: list[Mutant] = [
         "tenancy/checks.py",
         "        except DatabaseError as exc:\n            found = [",
         "        except KeyError as exc:\n            found = [",
-        (T_CLAIMS, T + "test_roles.py"),
+        (T_CLAIMS, TENANCY + "test_roles.py"),
     ),
     mutant(
         "checks.E012-missing", "tenancy.checks",
@@ -490,6 +523,6 @@ CATALOGUE: list[Mutant] = [
         "tenancy/checks.py",
         "    if role.bypassrls:\n        yield checks.Error(",
         "    if False:\n        yield checks.Error(",
-        (T_CLAIMS, T + "test_roles.py"),
+        (T_CLAIMS, TENANCY + "test_roles.py"),
     ),
 ]

@@ -89,9 +89,10 @@ def pytest(tree: Path, tests: list[str], log: Path) -> tuple[int, float]:
     command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
     with log.open("w") as out:
         try:
-            code = subprocess.run(command, cwd=tree, stdout=out, stderr=subprocess.STDOUT,
-                                  timeout=TIMEOUT, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-                                  ).returncode
+            code = subprocess.run(
+                command, cwd=tree, stdout=out, stderr=subprocess.STDOUT, timeout=TIMEOUT,
+                env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+            ).returncode
         except subprocess.TimeoutExpired:
             code = -1
     return code, time.monotonic() - started
@@ -112,9 +113,11 @@ def restore(originals: dict[Path, str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mutants.run", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m mutants.run",
+                                     description=(__doc__ or "").split("\n")[0])
     parser.add_argument("ids", nargs="*", help="mutant ids (default: all)")
-    parser.add_argument("--module", action="append", default=[], help="only this module's mutants")
+    parser.add_argument("--module", action="append", default=[],
+                        help="only this module's mutants")
     parser.add_argument("--list", action="store_true", help="list the catalogue and stop")
     parser.add_argument("--check", action="store_true", help="only check the snippets")
     parser.add_argument("--tree", metavar="REV", help="run the tests as they were at REV")
@@ -127,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mutants: unknown id(s) {', '.join(unknown)}; --list shows them", file=sys.stderr)
         return 2
     chosen = [m for m in CATALOGUE
-              if (not args.ids or m.id in args.ids) and (not args.module or m.module in args.module)]
+              if (not args.ids or m.id in args.ids)
+              and (not args.module or m.module in args.module)]
     if not chosen:
         print("mutants: nothing chosen", file=sys.stderr)
         return 2
@@ -175,19 +179,23 @@ def main(argv: list[str] | None = None) -> int:
             if verdict == "survived" and mutant.equivalent:
                 verdict = "equivalent"
             results[mutant.module].append((mutant, verdict))
-            print(f"[{number}/{len(chosen)}] {verdict:10} {mutant.id} ({took:.0f} s)", flush=True)
+            print(f"[{number}/{len(chosen)}] {verdict:10} {mutant.id} ({took:.0f} s)",
+                  flush=True)
 
         print()
-        print(f"{'module':24} {'mutants':>7} {'killed':>6} {'survived':>8} {'equiv.':>6} {'score':>6}")
+        print(f"{'module':24} {'mutants':>7} {'killed':>6} {'survived':>8} {'equiv.':>6} "
+              f"{'score':>6}")
         totals = [0, 0, 0, 0]
         for module in sorted(results):
             rows = results[module]
             counts = [len(rows), sum(v == "killed" for _, v in rows),
-                      sum(v == "survived" for _, v in rows), sum(v == "equivalent" for _, v in rows)]
+                      sum(v == "survived" for _, v in rows),
+                      sum(v == "equivalent" for _, v in rows)]
             totals = [a + b for a, b in zip(totals, counts, strict=True)]
             print(f"{module:24} {counts[0]:7} {counts[1]:6} {counts[2]:8} {counts[3]:6} "
                   f"{score(counts):>6}")
-        print(f"{'all':24} {totals[0]:7} {totals[1]:6} {totals[2]:8} {totals[3]:6} {score(totals):>6}")
+        print(f"{'all':24} {totals[0]:7} {totals[1]:6} {totals[2]:8} {totals[3]:6} "
+              f"{score(totals):>6}")
         survivors = [(m, v) for rows in results.values() for m, v in rows if v != "killed"]
         for mutant, verdict in survivors:
             note = f": {mutant.equivalent}" if mutant.equivalent else f" ({mutant.claim})"

@@ -110,7 +110,7 @@ def test_a_safe_method_with_a_key_is_neither_stored_nor_replayed_on_a_decorated_
 
 def test_a_safe_method_needs_no_key_on_a_mixin_view(client):
     client.order(key="k1", path="/order-book/")
-    for attempt in range(2):
+    for _ in range(2):
         response = client.get("/order-book/", headers={"X-User": "alice", "Idempotency-Key": "g"})
         assert response.status_code == 200, response.content
         assert "Idempotent-Replayed" not in response

@@ -28,7 +28,6 @@ from tests.outbox.helpers import (
     Process,
     drain,
     effects,
-    offset,
     publish_many,
     wait_for,
 )
