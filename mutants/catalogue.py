@@ -431,6 +431,14 @@ CATALOGUE: list[Mutant] = [
         "                    signal.Signals(signum).name)\n        raise SystemExit(0)",
         (O_CLAIMS, O_RELAY_SIGTERM),
     ),
+    mutant(
+        "commands.relay-once-sends-nothing", "outbox.commands",
+        "relay_outbox --once relays what is ready and says how many messages it sent",
+        "outbox/management/commands/relay_outbox.py",
+        "                    sent = relay.drain()",
+        "                    sent = 0",
+        (OUTBOX + "test_relay.py", O_CLAIMS),
+    ),
     # --- the documented beat schedule ------------------------------------------------------------
     mutant(
         "tasks.outbox-reap-renamed", "outbox.tasks",
