@@ -192,7 +192,7 @@ CATALOGUE: list[Mutant] = [
         " WHERE {_KEY} AND state = '{PENDING}' AND lease_token = %(token)s",
         "       locked_until = clock_timestamp() + %(lease)s, updated_at = now()\n"
         " WHERE {_KEY} AND state = '{PENDING}' AND (lease_token = %(token)s OR TRUE)",
-        (IDEM + "test_phases.py", IDEM + "test_store.py"),
+        (I_CLAIMS, IDEM + "test_phases.py", IDEM + "test_store.py"),
     ),
     mutant(
         "store.take-over-live-lease", "idempotency.store",
@@ -200,7 +200,7 @@ CATALOGUE: list[Mutant] = [
         "idempotency/store.py",
         "   AND (locked_until IS NULL OR locked_until <= clock_timestamp())\n{_CLAIM_RETURNING}",
         "   AND TRUE\n{_CLAIM_RETURNING}",
-        (IDEM + "test_phases.py", IDEM + "test_store.py"),
+        (I_CLAIMS, IDEM + "test_phases.py", IDEM + "test_store.py"),
     ),
     # --- idempotency: one request through the contract (flow.py, mixins.py) ----------------
     mutant(
@@ -218,6 +218,9 @@ CATALOGUE: list[Mutant] = [
         "        if request.method in flow.SAFE_METHODS:\n            return super()._run_as_tenant",
         "        if False:\n            return super()._run_as_tenant",
         (I_CLAIMS, IDEM + "test_contract.py", TENANCY + "test_views.py"),
+        equivalent="a tenant-scoped safe method then goes through flow.respond's own safe-method "
+        "path, which runs it as the tenant and renders it there too (only an APIException "
+        "after a write in a GET would commit instead of rolling back: nothing documented)",
     ),
     mutant(
         "flow.optional-key-outside-tenant", "idempotency.flow",

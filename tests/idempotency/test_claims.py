@@ -164,3 +164,60 @@ def test_expires_at_is_set_by_the_database_clock_even_when_the_app_clock_is_wron
     assert dt.timedelta(minutes=59) < expires - db_now <= dt.timedelta(hours=1)
     replayed = client.order(key="k1")  # and the key is live by the database clock
     assert replayed["Idempotent-Replayed"] == "true"
+
+
+# --- docs/phases.md: a fencing token stops a stale owner; a lease is taken over only when out ---
+
+
+def _pending(lease: dt.timedelta):
+    from idempotency import core
+    from tenancy import tenant_context
+    from tenancy.aliases import app_alias
+
+    request = core.IdempotentRequest(1, "claims.phases", "k", "f" * 64, "POST", "/x")
+    with tenant_context(1):
+        claim = store.claim(app_alias(), request, recovery_point="started", request_data={},
+                            lease=lease, ttl=dt.timedelta(hours=1))
+    assert claim is not None and claim.token == 1
+    return request
+
+
+def _key_row() -> tuple:
+    with observer() as conn:
+        return conn.execute(
+            "SELECT recovery_point, lease_token, locked_until > clock_timestamp()"
+            " FROM idempotency_keys"
+        ).fetchone()
+
+
+def test_a_stale_owner_cannot_commit_a_phase_over_the_new_owner():
+    from tenancy import tenant_context
+    from tenancy.aliases import app_alias
+
+    request = _pending(lease=dt.timedelta(seconds=30))
+    with observer() as conn:  # the lease ran out; another run took the key over (token 2)
+        conn.execute("UPDATE idempotency_keys SET lease_token = 2")
+    with tenant_context(1):
+        stale = store.advance(app_alias(), request, 1, recovery_point="charged",
+                              phase_state={"by": "stale"}, lease=dt.timedelta(seconds=30))
+    assert stale is False
+    assert _key_row()[:2] == ("started", 2)
+    with tenant_context(1):
+        assert store.advance(app_alias(), request, 2, recovery_point="charged",
+                             phase_state={"by": "owner"}, lease=dt.timedelta(seconds=30))
+    assert _key_row()[:2] == ("charged", 2)
+
+
+def test_a_pending_key_is_taken_over_only_once_its_lease_has_run_out():
+    from tenancy import tenant_context
+    from tenancy.aliases import app_alias
+
+    request = _pending(lease=dt.timedelta(minutes=5))
+    with tenant_context(1):
+        assert store.take_over(app_alias(), request, 1, dt.timedelta(seconds=30)) is None
+    assert _key_row() == ("started", 1, True)  # the live owner keeps it
+    with observer() as conn:
+        conn.execute("UPDATE idempotency_keys SET locked_until = clock_timestamp() - interval '1s'")
+    with tenant_context(1):
+        taken = store.take_over(app_alias(), request, 1, dt.timedelta(seconds=30))
+    assert taken is not None and taken.token == 2
