@@ -293,7 +293,8 @@ CATALOGUE: list[Mutant] = [
         "outbox/consumers.py",
         "            if len(messages) < limit and batch.passed > position:",
         "            if batch.passed > position:",
-        (OUTBOX + "test_consumers.py", OUTBOX + "test_ordering.py", OUTBOX + "test_fence.py"),
+        (O_CLAIMS, OUTBOX + "test_consumers.py", OUTBOX + "test_ordering.py",
+         OUTBOX + "test_fence.py"),
     ),
     mutant(
         "consumer.idle-never-advances", "outbox.consumers",

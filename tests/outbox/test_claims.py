@@ -75,6 +75,27 @@ def test_the_offset_advance_is_written_by_the_transaction_that_ran_the_handler()
     )
 
 
+class SmallBatches(Consumer):
+    """Five messages a batch: a backlog of twelve takes three batches."""
+
+    name = "claims-small-batches"
+    topics = ["claims.backlog"]
+    batch_size = 5
+
+    def handle(self, message: Message) -> None:
+        Order.objects.create(tenant_id=current_tenant_id(), sku="backlog",
+                             note=str(message.message_id))
+
+
+def test_a_backlog_larger_than_a_batch_is_handled_whole_and_once():
+    # docs/guarantees.md: no message is skipped. A full batch moves the offset
+    # to its last message, never to the fence: the rest of the backlog is below it.
+    ids = publish_many(A, "claims.backlog", [{"n": n} for n in range(12)])
+    consumer = SmallBatches()
+    drain(consumer)  # until a round finds nothing more
+    assert effects() == {str(i): 1 for i in ids}
+
+
 # --- DESIGN/outbox.md: no relay holds a database transaction open across broker I/O ---------
 
 
