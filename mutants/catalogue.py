@@ -358,6 +358,27 @@ CATALOGUE: list[Mutant] = [
                    "        if self._broker_failures:\n            logger.info("),),
     ),
     mutant(
+        "relay.locked-row-across-send", "outbox.relay",
+        "no relay holds a database transaction open across broker I/O (the issue's edit: "
+        "a SELECT ... FOR UPDATE held while sending)",
+        "outbox/relay.py",
+        "        try:\n"
+        "            if self.transport.reads_envelopes:\n"
+        "                self.transport.send_envelopes(batch.messages)  # type: ignore[arg-type]\n"
+        "            else:\n"
+        "                self.transport.send(batch.messages)  # type: ignore[arg-type]\n",
+        "        try:\n"
+        "            with __import__('django.db').db.transaction.atomic(using=self.alias):\n"
+        "                connections[self.alias].cursor().execute(\n"
+        "                    'SELECT 1 FROM consumer_offsets WHERE name = %s FOR UPDATE',\n"
+        "                    [self.offset_name])\n"
+        "                if self.transport.reads_envelopes:\n"
+        "                    self.transport.send_envelopes(batch.messages)\n"
+        "                else:\n"
+        "                    self.transport.send(batch.messages)\n",
+        (O_CLAIMS, OUTBOX + "test_relay.py"),
+    ),
+    mutant(
         "relay.failed-send-advances", "outbox.relay",
         "if the broker fails, the offset stays put and the batch is sent again",
         "outbox/relay.py",
@@ -402,6 +423,9 @@ CATALOGUE: list[Mutant] = [
         "            self._position = None  # another relay took over while this one read\n"
         "            return False",
         (OUTBOX + "test_failover.py", OUTBOX + "test_relay.py", OUTBOX + "test_rewind.py"),
+        equivalent="the relay then sends one batch that another relay also sends: a duplicate, "
+        "which at-least-once delivery allows and receivers drop; its compare-and-set still "
+        "keeps it from moving the offset",
     ),
     # --- outbox: receivers ----------------------------------------------------------------------
     mutant(
@@ -411,7 +435,7 @@ CATALOGUE: list[Mutant] = [
         "        if not store.record_received(alias, message.tenant_id, receiver, message.message_id):",
         "        if not store.record_received(alias, message.tenant_id, receiver, message.message_id)"
         " and False:",
-        (OUTBOX + "test_receivers.py",),
+        (OUTBOX + "test_receivers.py", O_CLAIMS),
     ),
     mutant(
         "receivers.check-then-insert", "outbox.receivers",
