@@ -15,7 +15,7 @@
 #   make lint               ruff and mypy
 #   make mutants            the catalogue of claim-breaking edits (mutants/catalogue.py),
 #                           each applied in a scratch copy with its tests run; not part of
-#                           make test (about 25 minutes). MUTANTS_ARGS="ID ..." or
+#                           make test (about an hour). MUTANTS_ARGS="ID ..." or
 #                           "--module outbox.relay" picks some; "--list", "--check"
 #   make docs               the documentation site (MkDocs, strict) into site/
 #   make services / make services-stop   keep PostgreSQL and Redis up between runs
