@@ -15,6 +15,10 @@
 #   make bench-outbox       relay into Redis/Celery, no-op consumer, latency, memory
 #   make bench-reaper       reaping 1,000,000 expired keys under live traffic
 #   make lint               ruff and mypy
+#   make mutants            the catalogue of claim-breaking edits (mutants/catalogue.py),
+#                           each applied in a scratch copy with its tests run; not part of
+#                           make test (about an hour). MUTANTS_ARGS="ID ..." or
+#                           "--module outbox.relay" picks some; "--list", "--check"
 #   make docs               the documentation site (MkDocs, strict) into site/
 #   make services / make services-stop   keep PostgreSQL and Redis up between runs
 #                           (scripts/services start pgbouncer adds the pooler)
@@ -85,8 +89,13 @@ demo: $(STAMP)
 demo-stop:
 	@scripts/demo down
 
+# Not part of `make test`: each mutant runs its named tests (docs/contributing.md).
+.PHONY: mutants
+mutants: $(STAMP)
+	@scripts/services run pg redis -- $(BIN)/python -m mutants.run $(MUTANTS_ARGS)
+
 lint: $(STAMP)
-	$(BIN)/ruff check idempotency tenancy outbox django_idempotency_outbox tests bench
+	$(BIN)/ruff check idempotency tenancy outbox django_idempotency_outbox tests bench mutants
 	$(BIN)/mypy idempotency tenancy outbox django_idempotency_outbox
 
 # The docs tools live in their own group and stamp, so `make test` stays lean.

@@ -1,0 +1,252 @@
+"""Claims of the outbox that an edit to the library once broke with the suite green.
+
+Each test names the documented claim it holds and was watched failing on the
+edit that breaks it (issue 9; mutants/catalogue.py keeps the edits and
+``make mutants`` applies them again).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import uuid
+
+import psycopg
+import pytest
+from django.conf import settings as django_settings
+from django.core.management import call_command
+from django.db import connections
+
+from outbox import Consumer, Message, tasks
+from outbox.receivers import receive
+from outbox.relay import Relay
+from outbox.testing import InMemoryTransport
+from tenancy import current_tenant_id
+from tenancy.aliases import system_alias
+from tests.helpers import count_rows, observer
+from tests.outbox.helpers import (
+    Process,
+    drain,
+    effects,
+    publish_many,
+    wait_for,
+)
+from tests.testapp.models import Order
+
+A = 1
+
+SUBPROCESS_SETTINGS = {  # the outbox overlay on this run's own settings module
+    "DJANGO_SETTINGS_MODULE": "tests.outbox.settings",
+    "DIO_BASE_SETTINGS": django_settings.SETTINGS_MODULE,
+}
+
+
+# --- docs/consumers.md: the handler's writes and the offset advance commit together -------
+
+
+class TransactionRecorder(Consumer):
+    """Writes, with each message, the id of the (top-level) transaction handling it."""
+
+    name = "claims-xact"
+    topics = ["claims.xact"]
+
+    def handle(self, message: Message) -> None:
+        from django.db import connection
+
+        with connection.cursor() as cursor:  # 32 bits, as xmin shows it
+            cursor.execute("SELECT (pg_current_xact_id()::text::bigint % 4294967296)::text")
+            (xact,) = cursor.fetchone()
+        Order.objects.create(tenant_id=current_tenant_id(), sku=xact,
+                             note=str(message.message_id))
+
+
+def test_the_offset_advance_is_written_by_the_transaction_that_ran_the_handler():
+    publish_many(A, "claims.xact", [{"n": n} for n in range(3)])
+    drain(TransactionRecorder(), until=lambda: len(effects()) == 3)
+    with observer() as conn:
+        handlers = {sku for (sku,) in conn.execute("SELECT sku FROM testapp_order")}
+        (offset_xmin,) = conn.execute(
+            "SELECT xmin::text FROM consumer_offsets WHERE name = 'claims-xact'"
+        ).fetchone()
+    assert len(handlers) == 1, "one batch, one transaction"
+    assert handlers == {offset_xmin}, (
+        "the offset row was last written by another transaction than the handler's: "
+        "a crash between the two commits would handle the batch again"
+    )
+
+
+class SmallBatches(Consumer):
+    """Five messages a batch: a backlog of twelve takes three batches."""
+
+    name = "claims-small-batches"
+    topics = ["claims.backlog"]
+    batch_size = 5
+
+    def handle(self, message: Message) -> None:
+        Order.objects.create(tenant_id=current_tenant_id(), sku="backlog",
+                             note=str(message.message_id))
+
+
+def test_a_backlog_larger_than_a_batch_is_handled_whole_and_once():
+    # docs/guarantees.md: no message is skipped. A full batch moves the offset
+    # to its last message, never to the fence: the rest of the backlog is below it.
+    ids = publish_many(A, "claims.backlog", [{"n": n} for n in range(12)])
+    consumer = SmallBatches()
+    drain(consumer)  # until a round finds nothing more
+    assert effects() == {str(i): 1 for i in ids}
+
+
+# --- DESIGN/outbox.md: no relay holds a database transaction open across broker I/O ---------
+
+
+class Inspecting(InMemoryTransport):
+    """Records, during each send, what the server says about the relay's own session."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple] = []
+
+    def send(self, messages) -> None:
+        conn = connections[system_alias()].connection
+        local = conn.info.transaction_status
+        with observer() as watcher:
+            row = watcher.execute(
+                "SELECT state, backend_xid::text, xact_start FROM pg_stat_activity WHERE pid = %s",
+                [conn.info.backend_pid],
+            ).fetchone()
+        self.seen.append((local, *row))
+        super().send(messages)
+
+
+@pytest.mark.direct_sessions("system", reason="it looks the relay's server session up by PID")
+def test_no_transaction_is_open_on_the_relays_session_while_it_sends():
+    publish_many(A, "t", [{"n": n} for n in range(5)])
+    transport = Inspecting()
+    relay = Relay(transport, name="claims", batch_size=2)
+    try:
+        relay.drain()
+    finally:
+        relay.release()
+    assert len(transport.sent) == 5 and len(transport.seen) == 3
+    for local, state, xid, xact_start in transport.seen:
+        assert local == psycopg.pq.TransactionStatus.IDLE
+        assert (state, xid, xact_start) == ("idle", None, None)
+
+
+# --- docs/operations.md: SIGTERM stops a loop after the current batch ---------------------------
+
+
+def test_sigterm_with_a_batch_in_flight_finishes_that_batch_and_loses_nothing(tmp_path):
+    ids = publish_many(A, "order.sequenced", [{"seq": n} for n in range(8)],
+                       key=lambda p: "one-key")  # one partition: one batch of 8
+    proc = Process.manage(
+        "run_consumers", "orders-partitioned", log=tmp_path / "consumer.log",
+        env={**SUBPROCESS_SETTINGS, "DIO_HANDLER_DELAY": "0.25"},
+    )
+    try:
+        # The batch is in flight: the consumer's app-role session has a transaction open.
+        def in_flight() -> bool:
+            with observer() as conn:
+                return conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND usename = %s AND xact_start IS NOT NULL AND pid <> pg_backend_pid()",
+                    [django_settings.DATABASES["default"]["USER"]],
+                ).fetchone()[0] > 0
+
+        wait_for(in_flight, "the consumer's batch to start")
+        assert count_rows("testapp_order") == 0  # nothing committed yet
+        proc.signal(signal.SIGTERM)
+        code = proc.popen.wait(60)
+    finally:
+        proc.kill()
+    assert code == 0, proc.output[-3000:]
+    assert effects() == {str(i): 1 for i in ids}, "the batch in flight was not finished"
+    with observer() as conn:
+        passed = conn.execute(
+            "SELECT max(last_id) FROM consumer_offsets WHERE name = 'orders-partitioned'"
+        ).fetchone()[0]
+        last = conn.execute("SELECT max(id) FROM outbox_messages").fetchone()[0]
+    assert passed >= last
+
+
+# --- docs/outbox.md: receivers de-duplicate by message id, concurrent duplicates too ----------
+
+
+def test_two_concurrent_deliveries_of_one_message_run_the_receiver_once():
+    envelope = {
+        "id": 1, "message_id": str(uuid.uuid4()), "tenant_id": A, "topic": "order.placed",
+        "payload": {"sku": "tea"}, "key": None, "aggregate_type": None, "aggregate_id": None,
+        "headers": {}, "created_at": None,
+    }
+    ran: list[str] = []
+    results: dict[str, tuple] = {}
+    errors: list[BaseException] = []
+
+    def waiting_for_the_duplicate_to_block() -> bool:
+        with observer() as conn:
+            return conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock'"
+            ).fetchone()[0] > 0
+
+    def handler(message: Message) -> str:
+        ran.append(threading.current_thread().name)
+        Order.objects.create(tenant_id=current_tenant_id(), sku="tea",
+                             note=str(message.message_id))
+        if threading.current_thread().name == "first":
+            # Hold the transaction open until the second delivery is under way.
+            wait_for(waiting_for_the_duplicate_to_block, "the second delivery to block")
+        return "done"
+
+    def deliver(name: str) -> None:
+        try:
+            results[name] = receive(envelope, handler, receiver="claims.concurrent")
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    first = threading.Thread(target=deliver, args=("first",), name="first")
+    first.start()
+    wait_for(lambda: ran == ["first"], "the first delivery's handler")
+    second = threading.Thread(target=deliver, args=("second",), name="second")
+    second.start()
+    first.join(120)
+    second.join(120)
+    assert not errors, errors
+    assert ran == ["first"]
+    assert results == {"first": (True, "done"), "second": (False, None)}
+    assert count_rows("testapp_order") == 1
+
+
+# --- the commands and tasks report what they did ---------------------------------------------
+
+
+def test_relay_outbox_once_reports_the_messages_it_sent(settings, capsys):
+    settings.OUTBOX = {**settings.OUTBOX, "TRANSPORT": "outbox.transports.LoggingTransport"}
+    publish_many(A, "t", [{"n": n} for n in range(3)])
+    call_command("relay_outbox", "--once")
+    assert ": 3 message(s) sent" in capsys.readouterr().out
+    call_command("relay_outbox", "--once")
+    assert ": 0 message(s) sent" in capsys.readouterr().out
+
+
+def test_the_reap_task_reports_what_it_deleted(settings):
+    settings.OUTBOX = {**settings.OUTBOX, "CONSUMERS": [], "RELAY": True,
+                       "RETENTION": 0, "RECEIVED_RETENTION": 0}
+    publish_many(A, "t", [{"n": n} for n in range(3)])
+    relay = Relay(InMemoryTransport())  # the one reader: it passes all three
+    try:
+        assert relay.drain() == 3
+    finally:
+        relay.release()
+    receive(
+        {"id": 1, "message_id": str(uuid.uuid4()), "tenant_id": A, "topic": "t", "payload": {}},
+        lambda m: None, receiver="claims.reap",
+    )
+    with observer() as conn:  # older than the (zero) retention windows, by the database clock
+        conn.execute("UPDATE outbox_messages SET created_at = now() - interval '1 minute'")
+        conn.execute("UPDATE outbox_received SET received_at = now() - interval '1 minute'")
+    assert tasks.reap() == {"messages": 3, "received": 1}
+    assert count_rows("outbox_messages") == 0 and count_rows("outbox_received") == 0
+    assert tasks.reap() == {"messages": 0, "received": 0}
