@@ -99,6 +99,10 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
                              "visibility timeout)")
     parser.add_argument("--visibility-timeout", type=positive(int), default=20,
                         help="Redis's visibility timeout for Celery, in seconds (default 20)")
+    parser.add_argument("--no-rewind", dest="rewind_lost", action="store_false",
+                        help="leave messages the broker lost as they are (their receipts "
+                             "then fail the check) instead of applying the runbook: "
+                             "relay_outbox --rewind-to a second before the first")
     parser.add_argument("--run-dir", type=Path, default=ROOT / ".run" / "soak",
                         help="logs, pid files, the Procfile (default .run/soak)")
     parser.add_argument("--database", default="soak", help="the database to (re)create")
@@ -305,24 +309,48 @@ def main(argv: list[str] | None = None) -> int:
         say(f"clients done ({'every intent answered' if finished else 'some intents unanswered'}); "
             "draining")
         snap = None
+        stalls = 0
 
-        def is_drained() -> bool:
-            nonlocal snap
+        def settled(stall_ends_it: bool = True) -> bool:
+            """Drained, or stalled on messages the broker lost (three looks in a row)."""
+            nonlocal snap, stalls
             snap = check.snapshot(args.database, env["GATEWAY_URL"], env["CELERY_BROKER_URL"])
-            return check.drained(load.intents, snap)
+            stalls = stalls + 1 if check.stalled(snap) else 0
+            return check.drained(load.intents, snap) or (stall_ends_it and stalls >= 3)
 
-        wait_until(is_drained, max(drain_end - time.monotonic(), 30), "the drain", every=2)
+        wait_until(settled, max(drain_end - time.monotonic(), 30), "the drain", every=2)
         if snap is None:
             snap = check.snapshot(args.database, env["GATEWAY_URL"], env["CELERY_BROKER_URL"])
+        lost: list[tuple[str, str]] = []
+        if check.stalled(snap):
+            lost = check.paid_messages(args.database, check.missing_receipts(snap))
+            say(f"the broker lost {len(lost)} order.paid message(s), neither queued nor "
+                f"unacknowledged nor received: {', '.join(m for m, _ in lost)}")
+            if args.rewind_lost and lost:
+                rewind_lost(env, lost)
+                wait_until(lambda: settled(stall_ends_it=False),
+                           max(drain_end - time.monotonic(), 60), "the drain", every=2)
         proxy.stop()
     finally:
         supervised.stop()
     restarts = [line for line in (args.run_dir / "supervise.log").read_text().splitlines()
                 if "started again" in line]
-    return report(args, load, injector, proxy, snap, restarts)
+    return report(args, load, injector, proxy, snap, restarts, lost)
 
 
-def report(args, load, injector, proxy, snap, restarts) -> int:
+def rewind_lost(env: dict[str, str], lost: list[tuple[str, str]]) -> None:
+    """docs/operations.md's runbook: rewind the relay to a second before the first loss."""
+    from datetime import datetime, timedelta
+
+    since = (datetime.fromisoformat(lost[0][1]) - timedelta(seconds=1)).isoformat()
+    done = subprocess.run(
+        [sys.executable, "manage.py", "relay_outbox", "--rewind-to", since], cwd=ROOT, env=env,
+        capture_output=True, text=True, timeout=300)
+    say(f"relay_outbox --rewind-to {since}: "
+        + (done.stdout.strip().splitlines() or done.stderr.strip().splitlines() or ["?"])[-1])
+
+
+def report(args, load, injector, proxy, snap, restarts, lost) -> int:
     results = check.invariants(load.intents, snap)
     missing = [k for k in args.faults if not injector.counts[k]]
     results.append(("every fault kind injected at least once", not missing,
@@ -340,6 +368,9 @@ def report(args, load, injector, proxy, snap, restarts) -> int:
     lines += [f"  {answer}".ljust(width) + str(n) for answer, n in sorted(load.answers.items())]
     lines += ["", "counts".ljust(width) + "count"]
     lines += [f"  {name}".ljust(width) + str(n) for name, n in check.counts(load.intents, snap)]
+    lines += ["  order.paid messages the broker lost".ljust(width) + str(len(lost))]
+    again = ", sent again by the rewind" if args.rewind_lost else ""
+    lines += [f"    {message} (published {created}){again}" for message, created in lost]
     rows = [(f"  {name} ({detail})", "PASS" if ok else "FAIL") for name, ok, detail in results]
     wide = max(len(text) for text, _ in rows) + 2
     lines += ["", "invariants".ljust(wide) + "result"]

@@ -87,6 +87,30 @@ def snapshot(database: str, gateway_url: str, broker_url: str) -> Snapshot:
                     gateway_charges(gateway_url), broker_backlog(broker_url))
 
 
+def missing_receipts(snap: Snapshot) -> list[int]:
+    """Paid orders without a receipt."""
+    return sorted(row[0] for rows in snap.orders.values() for row in rows
+                  if row[4] == "paid" and not snap.receipts[row[0]])
+
+
+def stalled(snap: Snapshot) -> bool:
+    """Receipts missing while the broker holds nothing: the broker lost their messages.
+
+    A message queued, delivered or waiting for a retry is in Redis (its queue,
+    or its hash of unacknowledged tasks); one that is in neither and was never
+    received is gone (docs/operations.md, "What a killed Celery worker costs").
+    """
+    return snap.backlog == 0 and snap.pending_keys == 0 and bool(missing_receipts(snap))
+
+
+def paid_messages(database: str, orders: list[int]) -> list[tuple[str, str]]:
+    """(message id, created_at ISO 8601) of the order.paid messages of these orders."""
+    with connect(database) as conn:
+        return [(str(m), c.isoformat()) for m, c in conn.execute(
+            "SELECT message_id, created_at FROM outbox_messages WHERE topic = 'order.paid'"
+            " AND (payload->>'order')::bigint = ANY(%s) ORDER BY created_at", [orders])]
+
+
 def drained(intents: list[Intent], snap: Snapshot) -> bool:
     """Whether everything the intents started has reached its last effect."""
     orders = sum(len(rows) for rows in snap.orders.values())
