@@ -67,7 +67,6 @@ def test_a_consumer_stopped_with_a_batch_in_flight_commits_it_and_exits_0(tmp_pa
         assert proc.popen.wait(60) == 0, proc.output[-3000:]
     finally:
         proc.kill()
-    assert "SIGTERM received, stopping after the current batch" in proc.output
     assert "30 message(s) handled" in proc.output
     assert effects() == {str(i): 1 for i in ids}  # the batch in flight finished, once
     assert offset("orders-slow")[0] == message_position(ids[-1])
