@@ -7,6 +7,10 @@
 - ``OWNER_DATABASE_URL``: the owner role: ``manage.py migrate --database owner``.
 - ``CELERY_BROKER_URL``: Redis.
 - ``GATEWAY_URL``: the fake payment gateway (example_project/gateway.py).
+
+The soak (example_project/soak) also sets ``CELERY_VISIBILITY_TIMEOUT`` (Redis's
+visibility timeout, an hour unless set) and ``RECEIVER_RETRY_BACKOFF_MAX``
+(seconds, kept below it); ``CONN_HEALTH_CHECKS`` is on unless set to false.
 """
 
 from datetime import timedelta
