@@ -24,13 +24,16 @@ from tests.outbox.rig import Worker
 A = 1
 SETTINGS = {"DJANGO_SETTINGS_MODULE": "tests.outbox.fault_settings"}
 FAULT_APP = "tests.outbox.receiver_app"
+TASK = "tests.faults.receive"  # receiver_app.TASK
 
 
 @pytest.fixture
 def to_receiver(settings):
-    """The relay sends to the fault app's ReceiverTask, on a queue of this test's own."""
-    from tests.outbox.receiver_app import TASK
+    """The relay sends to the fault app's ReceiverTask, on a queue of this test's own.
 
+    The task's name is written out: importing tests.outbox.receiver_app here would
+    register its shared task on every Celery app the suite makes later.
+    """
     name = f"dio-window-{uuid.uuid4().hex[:8]}"
     settings.OUTBOX = {**settings.OUTBOX, "CELERY_QUEUE": name, "CELERY_TASK": TASK}
     yield name
