@@ -14,6 +14,8 @@
 #   make bench-idempotency  DRF endpoint with and without the mixin, side by side
 #   make bench-outbox       relay into Redis/Celery, no-op consumer, latency, memory
 #   make bench-reaper       reaping 1,000,000 expired keys under live traffic
+#   make soak               the example shop under load and faults, then its invariants
+#                           (ARGS="--duration 600 --seed 1 ..."; see docs/operations.md)
 #   make lint               ruff and mypy
 #   make mutants            the catalogue of claim-breaking edits (mutants/catalogue.py),
 #                           each applied in a scratch copy with its tests run; not part of
@@ -35,7 +37,7 @@ DOCS_STAMP := $(VENV)/.installed-docs
 DIST_STAMP := $(VENV)/.installed-dist
 TOX_STAMP  := $(VENV)/.installed-tox
 
-.PHONY: demo demo-stop test test-pooled dist bench-idempotency bench-outbox bench-reaper lint docs services services-stop clean
+.PHONY: soak demo demo-stop test test-pooled dist bench-idempotency bench-outbox bench-reaper lint docs services services-stop clean
 
 $(STAMP): pyproject.toml
 	@echo "[make] creating $(VENV) and installing the project with its test tools"
@@ -82,6 +84,10 @@ bench-outbox: $(STAMP)
 
 bench-reaper: $(STAMP)
 	@scripts/services run pg -- $(BIN)/python bench/bench_reaper.py $(BENCH_ARGS)
+
+# A fault-injection soak of the example shop: 10 minutes unless ARGS says otherwise.
+soak: $(STAMP)
+	@scripts/services run pg redis -- $(BIN)/python -m example_project.soak $(ARGS)
 
 demo: $(STAMP)
 	@scripts/demo up

@@ -7,6 +7,7 @@ decline) instead of charging twice. It counts what it really did.
     POST /charges   {"amount": 1000}  with Idempotency-Key  -> 201 {"id": "ch_1", ...} | 402
     POST /control   {"decline": bool, "delay": seconds, "fail": n}   (fail: next n calls 503)
     GET  /stats     {"charges": n, "calls": n, "keys": n}
+    GET  /charges   [{"id": "ch_1", "key": "...", "amount": 1000}, ...]   every charge made
     POST /reset
 """
 
@@ -24,7 +25,7 @@ STATE: dict = {}
 
 def reset() -> None:
     STATE.clear()
-    STATE.update(charges=0, calls=0, results={}, decline=False, delay=0.0, fail=0)
+    STATE.update(charges=0, calls=0, results={}, made=[], decline=False, delay=0.0, fail=0)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -44,6 +45,16 @@ class Handler(BaseHTTPRequestHandler):
         return json.loads(self.rfile.read(length) or b"{}")
 
     def do_GET(self) -> None:  # noqa: N802
+        if self.path == "/charges":
+            with LOCK:
+                made = list(STATE["made"])
+            data = json.dumps(made).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
         with LOCK:
             self._send(
                 200,
@@ -82,6 +93,7 @@ class Handler(BaseHTTPRequestHandler):
                     STATE["charges"] += 1
                     charge = {"id": f"ch_{STATE['charges']}", "amount": body.get("amount")}
                     STATE["results"][key] = (201, charge)
+                    STATE["made"].append({**charge, "key": key})
             status, result = STATE["results"][key]
         self._send(status, result)
 

@@ -11,6 +11,10 @@
 - ``OWNER_DATABASE_URL``: the owner role: ``manage.py migrate --database owner``.
 - ``CELERY_BROKER_URL``: Redis.
 - ``GATEWAY_URL``: the fake payment gateway (example_project/gateway.py).
+
+The soak (example_project/soak) also sets ``CELERY_VISIBILITY_TIMEOUT`` (Redis's
+visibility timeout, an hour unless set) and ``RECEIVER_RETRY_BACKOFF_MAX``
+(seconds, kept below it); ``CONN_HEALTH_CHECKS`` is on unless set to false.
 """
 
 from datetime import timedelta
@@ -40,6 +44,10 @@ DATABASES = {
 }
 for _db in DATABASES.values():
     _db["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
+    # A kept connection that PostgreSQL closed (a restart, a failover) is
+    # replaced at the start of the next request; without this, each one would
+    # answer one 500 first (docs/operations.md).
+    _db["CONN_HEALTH_CHECKS"] = env.bool("CONN_HEALTH_CHECKS", default=True)
 if env.bool("DATABASE_POOLED", default=False):
     DATABASES["default"].update(
         CONN_MAX_AGE=None, CONN_HEALTH_CHECKS=True, DISABLE_SERVER_SIDE_CURSORS=True,
@@ -118,9 +126,18 @@ OUTBOX = {
     "CELERY_APP": "example_project.celery.app",
     "CELERY_TOPIC_TASKS": {"order.paid": "shop.send_receipt"},
     "CELERY_TASK": "shop.ignore_event",
+    # Kept below the broker's visibility timeout (outbox.W104).
+    "RECEIVER_RETRY_BACKOFF_MAX": timedelta(seconds=env.int("RECEIVER_RETRY_BACKOFF_MAX",
+                                                             default=300)),
 }
 
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="redis://127.0.0.1:6379/0")
+# A task delivered to a worker that dies before acknowledging it (acks_late)
+# goes back to its queue only once this much time has passed since its
+# delivery: Redis's default is an hour. The soak shortens it.
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=3600)
+}
 CELERY_BEAT_SCHEDULE = {
     "reap-idempotency-keys": {"task": "idempotency.tasks.reap_expired_keys", "schedule": 3600.0},
     "complete-idempotency-keys": {

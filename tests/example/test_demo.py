@@ -76,3 +76,30 @@ def test_the_openapi_schema_documents_the_idempotency_key_and_errors(demo):
         assert [h["name"] for h in headers] == ["Idempotency-Key"]
         assert headers[0]["required"] is True
         assert {"400", "409", "422"} <= set(operation["responses"])
+
+
+def test_every_process_of_the_demo_is_started_again_when_it_dies(demo):
+    import signal
+    import time
+
+    run_dir, _ = demo
+    names = ["gateway", "web", "worker", "beat", "relay", "consumers"]
+    assert set(names) <= {line.split(":")[0] for line in (run_dir / "Procfile").read_text()
+                          .splitlines()}
+    before = {name: int((run_dir / f"{name}.pid").read_text()) for name in names}
+    for name in ("relay", "consumers", "beat"):
+        os.kill(before[name], signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    after = before
+    while time.monotonic() < deadline:
+        after = {name: int((run_dir / f"{name}.pid").read_text()) for name in names}
+        if all(after[n] != before[n] for n in ("relay", "consumers", "beat")):
+            break
+        time.sleep(0.2)
+    assert {n: after[n] != before[n] for n in names} == {
+        "gateway": False, "web": False, "worker": False, "beat": True, "relay": True,
+        "consumers": True}
+    log = (run_dir / "supervise.log").read_text()
+    for name in ("relay", "consumers", "beat"):
+        assert f"{name} (pid {before[name]}) exited (SIGKILL)" in log
+        assert f"{name} started again as pid {after[name]}" in log

@@ -64,9 +64,10 @@ class PartitionedRecorder(Consumer):
 
 
 class SlowRecorder(Consumer):
-    """Hangs on the message whose sku is $DIO_HANG_ON, after touching $DIO_HANG_MARKER.
+    """Hangs on the message whose sku is $DIO_HANG_ON, after touching $DIO_HANG_MARKER,
+    for $DIO_HANG_SECONDS (an hour unless set).
 
-    Used to kill a consumer process while a batch is open.
+    Used to kill or stop a consumer process while a batch is open.
     """
 
     name = "orders-slow"
@@ -77,4 +78,4 @@ class SlowRecorder(Consumer):
         record(message)
         if message.payload.get("sku") == os.environ.get("DIO_HANG_ON"):
             Path(os.environ["DIO_HANG_MARKER"]).touch()
-            time.sleep(3600)
+            time.sleep(float(os.environ.get("DIO_HANG_SECONDS", "3600")))

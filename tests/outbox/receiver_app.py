@@ -14,6 +14,10 @@ payload steers it:
 ``DIO_VISIBILITY_TIMEOUT`` sets the broker's visibility timeout, and the
 broker looks for unacknowledged messages every second, so that a message
 taken by a killed worker comes back within seconds (an hour by default).
+
+``DIO_STALL_AFTER_POP``, a file: the worker stops for an hour right after it
+has taken a message from its Redis list and before kombu records it as
+unacknowledged (touching the file first), to be killed in that window.
 """
 
 from __future__ import annotations
@@ -36,6 +40,18 @@ from tenancy import current_tenant_id  # noqa: E402
 from tests.testapp.models import Order  # noqa: E402
 
 TASK = "tests.faults.receive"
+
+if os.environ.get("DIO_STALL_AFTER_POP"):
+    from kombu.transport import redis as kombu_redis
+
+    _record_unacked = kombu_redis.QoS.append
+
+    def _stall_then_record(self, message, delivery_tag):  # type: ignore[no-untyped-def]
+        Path(os.environ["DIO_STALL_AFTER_POP"]).touch()
+        time.sleep(3600)
+        return _record_unacked(self, message, delivery_tag)
+
+    kombu_redis.QoS.append = _stall_then_record
 
 app = Celery("dio_receiver_tests", broker=settings.CELERY_BROKER_URL)
 app.conf.update(

@@ -6,6 +6,7 @@ import os
 import signal
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from outbox.stream import Message
 from outbox.transports import CeleryTransport
@@ -22,8 +23,11 @@ class DieAfterSend(CeleryTransport):
 
 class SlowSend(CeleryTransport):
     """Publishes each batch to the real broker after $DIO_SEND_DELAY seconds: a
-    broker call that takes far longer than the relay's lease."""
+    broker call that takes far longer than the relay's lease. With
+    $DIO_SEND_MARKER set, touches that file first (the batch is in flight)."""
 
     def send(self, messages: Sequence[Message]) -> None:
+        if os.environ.get("DIO_SEND_MARKER"):
+            Path(os.environ["DIO_SEND_MARKER"]).touch()
         time.sleep(float(os.environ.get("DIO_SEND_DELAY", "0")))
         super().send(messages)

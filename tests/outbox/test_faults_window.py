@@ -1,0 +1,94 @@
+"""What acks_late and the visibility timeout cannot bring back, and what does.
+
+kombu's Redis transport takes a message with BRPOP (Redis removes it from the
+list) and records it as unacknowledged with a second command. A worker
+killed, or a Redis restarted, between the two leaves the message nowhere: not
+queued, not unacknowledged, not received. The soak met this three times in
+ten minutes (docs/operations.md, "What a killed Celery worker costs"). The
+outbox still has the message: rewinding the relay sends it again, and the
+receiver runs it once.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+import redis
+from django.conf import settings as django_settings
+
+from tests.outbox.helpers import effects, publish_many, wait_for
+from tests.outbox.rig import Worker
+
+A = 1
+SETTINGS = {"DJANGO_SETTINGS_MODULE": "tests.outbox.fault_settings"}
+FAULT_APP = "tests.outbox.receiver_app"
+TASK = "tests.faults.receive"  # receiver_app.TASK
+
+
+@pytest.fixture
+def to_receiver(settings):
+    """The relay sends to the fault app's ReceiverTask, on a queue of this test's own.
+
+    The task's name is written out: importing tests.outbox.receiver_app here would
+    register its shared task on every Celery app the suite makes later.
+    """
+    name = f"dio-window-{uuid.uuid4().hex[:8]}"
+    settings.OUTBOX = {**settings.OUTBOX, "CELERY_QUEUE": name, "CELERY_TASK": TASK}
+    yield name
+    with redis.Redis.from_url(django_settings.CELERY_BROKER_URL) as client:
+        client.delete(name)
+
+
+def held_by_redis(queue: str, message_id: str) -> bool:
+    """Whether the message is in the queue or among the unacknowledged tasks."""
+    with redis.Redis.from_url(django_settings.CELERY_BROKER_URL) as client:
+        items = client.lrange(queue, 0, -1) + list(client.hvals("unacked"))
+    return any(message_id.encode() in item for item in items)
+
+
+def relay() -> None:
+    from outbox.relay import Relay
+
+    relay = Relay()
+    try:
+        relay.drain()
+    finally:
+        relay.release()
+
+
+def test_a_message_taken_by_a_worker_killed_before_recording_it_needs_a_rewind(
+    tmp_path, to_receiver
+):
+    from outbox.relay import rewind
+
+    [message_id] = publish_many(A, "order.placed", [{"sku": "taken"}])
+    relay()
+    assert held_by_redis(to_receiver, str(message_id))
+    taken = tmp_path / "taken"
+    env = {**SETTINGS, "DIO_CELERY_QUEUE": to_receiver, "DIO_VISIBILITY_TIMEOUT": "2"}
+    first = Worker(FAULT_APP, to_receiver, tmp_path / "worker-1.log",
+                   env={**env, "DIO_STALL_AFTER_POP": str(taken)})
+    second = None
+    try:
+        wait_for(taken.exists, "the worker to take the message from its list")
+        first.kill_group()  # after BRPOP, before kombu records it as unacknowledged
+        assert not held_by_redis(to_receiver, str(message_id))
+        second = Worker(FAULT_APP, to_receiver, tmp_path / "worker-2.log", env=env)
+        second.wait_ready()
+        # Far past the visibility timeout (2 s) and the broker's restore sweep (1 s):
+        # nothing comes back, because nothing was recorded.
+        time.sleep(8)
+        assert str(message_id) not in effects()
+        # The runbook: rewind the relay to before the message, and relay again.
+        rewind(message_id)
+        relay()
+        wait_for(lambda: str(message_id) in effects(), "the rewound message handled")
+        assert second.stop() == 0
+    finally:
+        first.kill()
+        if second is not None:
+            second.kill()
+    assert effects() == {str(message_id): 1}
+
