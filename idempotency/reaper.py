@@ -23,6 +23,7 @@ from datetime import datetime
 
 from django.db import connections
 
+from django_idempotency_outbox import metrics
 from idempotency import store
 from idempotency.conf import idempotency_settings
 from idempotency.store import REAP_LOCK_ID as REAP_LOCK_ID  # the lock's id, for operators
@@ -122,6 +123,8 @@ def reap_expired_keys(
             report.tenants += 1 if deleted else 0
         _find_stuck(alias, report, stuck_sample)
     report.seconds = time.monotonic() - started
+    if not dry_run:
+        metrics.upkeep("reap_keys", report.deleted + report.gave_up)
     return report
 
 

@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 from django.db import transaction
 from django.utils.module_loading import import_string
 
+from django_idempotency_outbox import metrics, tracing
 from django_idempotency_outbox.durations import backoff
 from outbox import store
 from outbox.conf import outbox_settings
@@ -203,6 +204,15 @@ def run_batch(consumer: Consumer, partition: int = 0) -> BatchResult:
     partition, and with ``waiting=True`` while a failed head message waits
     for its next attempt.
     """
+    result = _run_batch(consumer, partition)
+    # Counted once the batch's transaction committed.
+    metrics.consumed(consumer.name, result.handled)
+    if result.parked:
+        metrics.parked(consumer.name)
+    return result
+
+
+def _run_batch(consumer: Consumer, partition: int) -> BatchResult:
     app = app_alias()
     system = system_alias()
     limit = consumer.batch_size or outbox_settings.CONSUMER_BATCH_SIZE
@@ -282,17 +292,27 @@ def _handle(
             for tenant_id, group in groupby(ordered, key=lambda m: m.tenant_id):
                 with tenant_context(tenant_id, using=alias):
                     for message in group:
-                        consumer.handle(message)
+                        _handle_one(consumer, message)
         return len(messages), None
     except Exception:
         pass
     for index, message in enumerate(messages):
         try:
             with tenant_context(message.tenant_id, using=alias):
-                consumer.handle(message)
+                _handle_one(consumer, message)
         except Exception as exc:
             return index, (message, exc)
     return len(messages), None
+
+
+def _handle_one(consumer: Consumer, message: Message) -> None:
+    """``consumer.handle(message)``, in an ``outbox.consume`` span of the message's trace."""
+    if not tracing.enabled():
+        consumer.handle(message)
+        return
+    attributes = {**tracing.message_attributes(message), "outbox.consumer": consumer.name}
+    with tracing.message_span("outbox.consume", message.headers, attributes):
+        consumer.handle(message)
 
 
 def run_consumers(
