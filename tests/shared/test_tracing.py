@@ -1,0 +1,143 @@
+"""One trace from the POST that published an order to everything it caused.
+
+The spans go to OpenTelemetry's in-memory exporter. The Celery receiver runs
+in a real Celery worker (embedded in this process, so that its spans reach
+the same exporter), fed by the relay through the real Redis broker.
+"""
+
+from __future__ import annotations
+
+import pytest
+from celery.contrib.testing.worker import start_worker
+from celery.signals import task_prerun
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from outbox.relay import Relay
+from outbox.testing import InMemoryTransport
+from outbox.transports import CeleryTransport
+from tests.helpers import count_rows
+from tests.idempotency.conftest import Client
+from tests.outbox.celery_app import app as celery_app
+from tests.outbox.consumers import OrderRecorder
+from tests.outbox.helpers import drain, wait_for
+
+EXPORTER = InMemorySpanExporter()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _provider():
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
+    trace.set_tracer_provider(provider)  # once per process: OpenTelemetry refuses a second
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _spans():
+    EXPORTER.clear()
+    yield
+    EXPORTER.clear()
+
+
+def spans(name: str) -> list:
+    return [s for s in EXPORTER.get_finished_spans() if s.name == name]
+
+
+def one(name: str):
+    found = spans(name)
+    assert len(found) == 1, f"{len(found)} {name} span(s)"
+    return found[0]
+
+
+def post_order(key: str = "traced") -> None:
+    response = Client().order(key=key, path="/published-orders/")
+    assert response.status_code == 201
+
+
+def test_the_request_has_spans_for_the_key_lookup_the_handler_and_the_store():
+    post_order()
+    root = one("idempotency.request")
+    assert root.parent is None
+    assert root.attributes["idempotency.scope"] == "order.create-published"
+    assert root.attributes["idempotency.outcome"] == "executed"
+    for child in ("idempotency.key_lookup", "idempotency.handler", "idempotency.store"):
+        assert one(child).parent.span_id == root.context.span_id, child
+    EXPORTER.clear()
+    post_order()  # a replay: a lookup, no handler
+    assert one("idempotency.request").attributes["idempotency.outcome"] == "replayed"
+    assert spans("idempotency.handler") == []
+
+
+def test_one_trace_from_the_post_to_the_relay_and_the_consumer():
+    post_order()
+    handler = one("idempotency.handler")
+    drain(OrderRecorder())
+    relay = Relay(InMemoryTransport())
+    try:
+        relay.drain()
+    finally:
+        relay.release()
+    [sent] = relay.transport.sent
+    assert sent.headers["traceparent"].split("-")[1] == format(handler.context.trace_id, "032x")
+    consume, relayed = one("outbox.consume"), one("outbox.relay")
+    for span in (consume, relayed):
+        assert span.context.trace_id == handler.context.trace_id
+        assert span.parent.span_id == handler.context.span_id  # published in the handler
+    assert consume.kind is trace.SpanKind.CONSUMER
+    assert relayed.kind is trace.SpanKind.PRODUCER
+    assert consume.attributes["outbox.consumer"] == "orders"
+    assert consume.attributes["messaging.destination.name"] == "order.placed"
+
+
+def test_a_failing_handler_is_recorded_on_its_span():
+    from tests.outbox.helpers import publish_as
+
+    publish_as(1, "order.placed", {"sku": "bad", "poison": True})
+    drain(OrderRecorder())
+    failed = [s for s in spans("outbox.consume") if not s.status.is_ok]
+    assert failed and failed[0].events[0].name == "exception"
+
+
+def test_the_trace_reaches_a_celery_receiver_through_the_task_headers(settings):
+    settings.OUTBOX = {**settings.OUTBOX, "CELERY_SEND_TASK": False}
+    seen_headers: list[str | None] = []
+
+    def remember(task=None, **kwargs):
+        seen_headers.append(task.request.get("traceparent"))
+
+    task_prerun.connect(remember, weak=False)
+    try:
+        with start_worker(celery_app, perform_ping_check=False, shutdown_timeout=30):
+            post_order()
+            relay = Relay(CeleryTransport(celery_app))
+            try:
+                assert relay.drain() == 1
+            finally:
+                relay.release()
+            wait_for(lambda: bool(spans("outbox.receive")), "the receiver's span")
+    finally:
+        task_prerun.disconnect(remember)
+    handler = one("idempotency.handler")
+    receive = one("outbox.receive")
+    assert receive.context.trace_id == handler.context.trace_id
+    assert receive.parent.span_id == handler.context.span_id
+    assert receive.attributes["outbox.receiver"] == "tests.receive_order"
+    # The Celery task's own headers carry the context too (for Celery's own tracing).
+    assert seen_headers and seen_headers[0] is not None
+    assert seen_headers[0].split("-")[1] == format(handler.context.trace_id, "032x")
+    assert count_rows("testapp_order") == 2  # the order, and the receiver's record of it
+
+
+def test_tracing_off_adds_no_header_and_no_span(settings):
+    settings.OBSERVABILITY = {"TRACING": False}
+    post_order()
+    relay = Relay(InMemoryTransport())
+    try:
+        relay.drain()
+    finally:
+        relay.release()
+    assert "traceparent" not in relay.transport.sent[0].headers
+    assert EXPORTER.get_finished_spans() == ()
