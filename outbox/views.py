@@ -7,17 +7,17 @@ Route it where only the orchestrator reaches it::
 
 ``GET`` answers 200 with ``{"status": "ok", ...}`` when the outbox is moving,
 503 with the problems when it is not (:func:`outbox.health.check`), and 503
-when the database cannot be asked. ``?reader=NAME`` (repeatable) checks only
+when the database cannot be asked (or the aliases are misconfigured). ``?reader=NAME`` (repeatable) checks only
 those readers, e.g. the consumer a pod runs.
 """
 
 from __future__ import annotations
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_safe
 
-from outbox.exceptions import ConsumerConfigError
 
 
 @require_safe
@@ -26,7 +26,7 @@ def health(request: HttpRequest) -> JsonResponse:
 
     try:
         verdict = check(readers=request.GET.getlist("reader"))
-    except (DatabaseError, ConsumerConfigError) as exc:
+    except (DatabaseError, ImproperlyConfigured) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         return JsonResponse({"status": "unhealthy", "problems": [first]}, status=503)
     readers = [
