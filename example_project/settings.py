@@ -42,6 +42,7 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    "django.contrib.staticfiles",
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
@@ -102,7 +103,17 @@ OUTBOX = {
     "CELERY_APP": "example_project.celery.app",
     "CELERY_TOPIC_TASKS": {"order.paid": "shop.send_receipt"},
     "CELERY_TASK": "shop.ignore_event",
+    # Give up on a failing message quickly, so that the scenario shows one parked.
+    "MAX_ATTEMPTS": 3,
+    "RETRY_BACKOFF": timedelta(milliseconds=200),
 }
+
+# The admin's styles, served by the demo's own web server (example_project/urls.py).
+STATIC_URL = "static/"
+
+# Metrics (prometheus_client) and tracing (OpenTelemetry) are on: both extras
+# are installed. The demo's spans go to a file (example_project/telemetry.py).
+OBSERVABILITY = {"METRICS": True, "TRACING": True}
 
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="redis://127.0.0.1:6379/0")
 CELERY_BEAT_SCHEDULE = {
