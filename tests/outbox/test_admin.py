@@ -75,6 +75,11 @@ def test_every_tenants_parked_messages_are_listed_and_filtered(staff, parked):
     assert listed(staff, "?tenant_id=2") == {"poison", "other"}
     assert listed(staff, "?consumer=orders") == {"fixable", "poison"}
     assert listed(staff, "?topic=order.slow") == {"other"}
+    assert listed(staff, "?q=key-poison") == {"poison"}  # searched by key
+    with observer() as conn:
+        message_id = conn.execute("SELECT message_id FROM outbox_dead_letters WHERE id = %s",
+                                  [parked["fixable"]]).fetchone()[0]
+    assert listed(staff, f"?q={message_id}") == {"fixable"}  # and by message id
     assert "Boom: it failed" in staff.get(PARKED).content.decode()  # the last error line
 
 

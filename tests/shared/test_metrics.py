@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import threading
 import uuid
 
@@ -244,11 +246,31 @@ def test_two_gunicorn_workers_add_up_in_multiprocess_mode(tmp_path, monkeypatch)
         served_by = {int(p.stem.split("_")[1]) for p in metrics_dir.glob("counter_*.db")}
         assert served_by <= set(server.worker_pids()) and len(served_by) == 2
         text = requests.get(server.url + "/metrics", timeout=10).text
+        series = 'dio_idempotency_requests_total{outcome="executed",scope="order.create"}'
+        assert value(text, series) == sent  # both workers' counts, added up
+        assert value(text, "dio_outbox_scrape_ok") == 1
+
+        os.kill(sorted(served_by)[0], signal.SIGKILL)  # gunicorn starts another
+        wait_for(lambda: len(server.worker_pids()) == 2
+                 and not served_by <= set(server.worker_pids()), "a new worker")
+        after = _scrape_when_up(server.url + "/metrics")
+        assert value(after, series) == sent  # the dead worker's counts are kept
     finally:
         server.stop()
-    series = 'dio_idempotency_requests_total{outcome="executed",scope="order.create"}'
-    assert value(text, series) == sent  # both workers' counts, added up
-    assert value(text, "dio_outbox_scrape_ok") == 1
+
+
+def _scrape_when_up(url: str) -> str:
+    answers: list[str] = []
+
+    def answered() -> bool:
+        try:
+            answers.append(requests.get(url, timeout=10).text)
+        except requests.ConnectionError:
+            return False
+        return True
+
+    wait_for(answered, "/metrics")
+    return answers[-1]
 
 
 # -- the long-running commands' --metrics-port -----------------------------------------
