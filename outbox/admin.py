@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -49,7 +50,7 @@ def _confirm(
         "action": action,
         "verb": verb,
         "warning": warning,
-        "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+        "action_checkbox_name": ACTION_CHECKBOX_NAME,
         "select_across": request.POST.get("select_across", "0"),
     }
     return TemplateResponse(request, "admin/outbox/confirm_parked.html", context)

@@ -7,8 +7,9 @@ Route it where only the orchestrator reaches it::
 
 ``GET`` answers 200 with ``{"status": "ok", ...}`` when the outbox is moving,
 503 with the problems when it is not (:func:`outbox.health.check`), and 503
-when the database cannot be asked (or the aliases are misconfigured). ``?reader=NAME`` (repeatable) checks only
-those readers, e.g. the consumer a pod runs.
+when the database cannot be asked (or the aliases are misconfigured).
+``?reader=NAME`` (repeatable) checks only those readers, e.g. the consumer a
+pod runs.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_safe
-
 
 
 @require_safe
