@@ -16,7 +16,8 @@ everything they caused:
 Only the OpenTelemetry *API* is used: spans go wherever the application's
 SDK (its TracerProvider and exporters) sends them. When the API is not
 installed, or ``OBSERVABILITY["TRACING"]`` is off, every function here is a
-no-op that imports nothing.
+no-op that imports nothing; with the API but no SDK set up, a no-op too (and
+no ``traceparent`` is added to messages).
 """
 
 from __future__ import annotations
@@ -34,9 +35,17 @@ _api: Any = None
 _unavailable = False
 
 
+_no_sdk: tuple[type, ...] = ()
+
+
 def _otel() -> Any:
-    """The ``opentelemetry`` API modules, or None (off, or not installed)."""
-    global _api, _unavailable
+    """The ``opentelemetry`` API modules, or None.
+
+    None when tracing is off, the API is not installed, or no SDK is set up
+    (the global tracer provider is still the API's placeholder): spans would
+    then be no-ops, and making them costs more than the rest of a replay.
+    """
+    global _api, _unavailable, _no_sdk
     if not observability_settings.TRACING or _unavailable:
         return None
     if _api is None:
@@ -45,7 +54,10 @@ def _otel() -> Any:
         except ImportError:
             _unavailable = True
             return None
+        _no_sdk = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
         _api = (trace, propagate, context, trace.get_tracer("django_idempotency_outbox"))
+    if isinstance(_api[0].get_tracer_provider(), _no_sdk):
+        return None
     return _api
 
 

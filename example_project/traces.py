@@ -62,8 +62,10 @@ def _render(spans: list[dict[str, Any]]) -> str:
     end = max(s["end"] for s in spans)
     total = max(end - start, 1)
     root = next(s for s in spans if s["name"] == "idempotency.request")
-    title = (f"trace {spans[0]['trace_id']} &mdash; {escape(root['attributes'].get('idempotency.scope', ''))}"
-             f" ({escape(root['attributes'].get('idempotency.outcome', ''))}), "
+    attrs = root["attributes"]
+    scope = escape(attrs.get("idempotency.scope", ""))
+    outcome = escape(attrs.get("idempotency.outcome", ""))
+    title = (f"trace {spans[0]['trace_id']} &mdash; {scope} ({outcome}), "
              f"{len(spans)} spans over {total / 1e6:.1f} ms")
     rows = []
     for depth, span in _ordered(spans):
@@ -77,7 +79,8 @@ def _render(spans: list[dict[str, Any]]) -> str:
         rows.append(
             f'<tr><td style="padding-left:{depth * 18 + 4}px">{escape(span["name"])}'
             f'{"" if span["ok"] else " <b style=color:#c00>error</b>"}</td>'
-            f'<td><span class="svc" style="background:{colour}">{escape(span["service"])}</span></td>'
+            f'<td><span class="svc" style="background:{colour}">'
+            f'{escape(span["service"])}</span></td>'
             f'<td class="bar"><div style="margin-left:{left:.2f}%;width:{width:.2f}%;'
             f'background:{colour}"></div></td>'
             f'<td class="ms">{(span["end"] - span["start"]) / 1e6:.1f} ms</td>'

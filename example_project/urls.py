@@ -5,14 +5,14 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from django_idempotency_outbox.metrics import metrics_view
 from example_project.traces import traces
-from outbox.views import health
+from outbox import health_view
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     # Operators' endpoints; in production, route them where only Prometheus and
     # the orchestrator reach them.
     path("metrics", metrics_view),
-    path("healthz/outbox", health),
+    path("healthz/outbox", health_view),
     path("traces/", traces),
     # The admin's CSS, served by Django: the demo has no web server in front.
     re_path(r"^static/(?P<path>.*)$", serve, {"insecure": True}),

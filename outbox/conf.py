@@ -90,7 +90,7 @@ class OutboxSettings(AppSettings):
     RECEIVED_RETENTION = Setting(timedelta(days=7), seconds())
     #: Rows deleted per reaper transaction.
     REAP_BATCH_SIZE = Setting(5000, integer(minimum=1))
-    #: Health checks (outbox_health, outbox.views.health): a reader whose oldest
+    #: Health checks (outbox_health, outbox.health_view): a reader whose oldest
     #: unpassed readable message is older than this is unhealthy.
     HEALTH_MAX_LAG = Setting(timedelta(seconds=60), seconds(allow_zero=False))
     #: Health checks: a relay whose lease ran out more than this long ago (or

@@ -7,7 +7,7 @@ than ``OUTBOX["HEALTH_MAX_LEASE_AGE"]`` ago: a running relay renews its lease
 every quarter of ``RELAY_LEASE`` even when idle, so a stale lease means no
 relay is running. Consumers hold no lease: a dead consumer shows as lag once
 a message waits for it. ``outbox_health`` (the command) and
-:func:`outbox.views.health` (the view) both answer from :func:`check`.
+:func:`outbox.health_view` (the view) both answer from :func:`check`.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Route it where only the orchestrator reaches it::
 
-    from outbox.views import health
-    urlpatterns += [path("healthz/outbox", health)]
+    from outbox import health_view
+    urlpatterns += [path("healthz/outbox", health_view)]
 
 ``GET`` answers 200 with ``{"status": "ok", ...}`` when the outbox is moving,
 503 with the problems when it is not (:func:`outbox.health.check`), and 503
@@ -21,7 +21,7 @@ from django.views.decorators.http import require_safe
 
 
 @require_safe
-def health(request: HttpRequest) -> JsonResponse:
+def health_view(request: HttpRequest) -> JsonResponse:
     from outbox.health import check
 
     try:

@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import path
 
 from django_idempotency_outbox.metrics import metrics_view
-from outbox.views import health
+from outbox import health_view
 from tests.testapp import views
 
 create = {"post": "create"}
@@ -38,5 +38,5 @@ urlpatterns = [
     path("fuzz-django-orders/", views.fuzz_django_create),
     path("published-orders/", views.PublishingOrderViewSet.as_view(create)),
     path("metrics", metrics_view),
-    path("healthz/outbox", health),
+    path("healthz/outbox", health_view),
 ]
