@@ -141,3 +141,27 @@ def test_tracing_off_adds_no_header_and_no_span(settings):
         relay.release()
     assert "traceparent" not in relay.transport.sent[0].headers
     assert EXPORTER.get_finished_spans() == ()
+
+
+def test_without_an_sdk_tracing_is_off_and_adds_no_header():
+    """The API alone (no TracerProvider set) makes no span and no traceparent."""
+    import subprocess
+    import sys
+
+    from tests.live import ROOT
+
+    script = (
+        "import django; django.setup()\n"
+        "from django_idempotency_outbox import tracing\n"
+        "print(tracing.enabled(), tracing.inject({}))\n"
+        "from opentelemetry import trace\n"
+        "from opentelemetry.sdk.trace import TracerProvider\n"
+        "trace.set_tracer_provider(TracerProvider())\n"
+        "with trace.get_tracer('t').start_as_current_span('s'):\n"
+        "    print(tracing.enabled(), sorted(tracing.inject({})))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60,
+                          env={**__import__("os").environ,
+                               "DJANGO_SETTINGS_MODULE": "tests.settings"})
+    assert done.stdout.splitlines() == ["False {}", "True ['traceparent']"], done.stderr
