@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -86,6 +87,8 @@ class Instruments:
 
 _instruments: Instruments | None = None
 _unavailable = False
+#: Registering twice raises: threads of one worker may ask first at the same time.
+_registering = threading.Lock()
 
 
 def instruments() -> Instruments | None:
@@ -95,11 +98,13 @@ def instruments() -> Instruments | None:
         return _instruments if observability_settings.METRICS else None
     if _unavailable or not observability_settings.METRICS:
         return None
-    try:
-        _instruments = Instruments()
-    except ImportError:
-        _unavailable = True
-        return None
+    with _registering:
+        if _instruments is None and not _unavailable:
+            try:
+                _instruments = Instruments()
+            except ImportError:
+                _unavailable = True
+                return None
     return _instruments
 
 
@@ -177,7 +182,7 @@ class OutboxCollector:
     """
 
     def collect(self) -> Iterator[Any]:
-        from django.db import DatabaseError, connections
+        from django.db import connections
         from prometheus_client.core import GaugeMetricFamily
 
         from outbox import store
@@ -194,7 +199,7 @@ class OutboxCollector:
                 parked_counts = store.parked_counts(alias)
             finally:
                 connections[alias].close()
-        except (DatabaseError, Exception) as exc:  # a scrape must answer whatever happens
+        except Exception as exc:  # a database error or a misconfigured alias: still answer
             logger.warning("metrics: could not read the outbox gauges: %s",
                            str(exc).strip().splitlines()[0] if str(exc).strip() else exc)
             ok.add_metric([], 0)

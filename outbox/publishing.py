@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import uuid
@@ -103,7 +102,10 @@ def publish(
     _kick_after_commit(connection, alias)
     if metrics.instruments() is not None:
         # Counted when it commits: a rolled-back savepoint drops the hook.
-        transaction.on_commit(functools.partial(metrics.published, topic), using=alias)
+        def _count_published() -> None:
+            metrics.published(topic)
+
+        transaction.on_commit(_count_published, using=alias)
     return message_id
 
 

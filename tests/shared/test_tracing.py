@@ -20,7 +20,6 @@ from outbox.testing import InMemoryTransport
 from outbox.transports import CeleryTransport
 from tests.helpers import count_rows
 from tests.idempotency.conftest import Client
-from tests.outbox.celery_app import app as celery_app
 from tests.outbox.consumers import OrderRecorder
 from tests.outbox.helpers import drain, wait_for
 
@@ -102,6 +101,10 @@ def test_a_failing_handler_is_recorded_on_its_span():
 
 
 def test_the_trace_reaches_a_celery_receiver_through_the_task_headers(settings):
+    # Imported here, not at collection: creating the app makes it Celery's
+    # current app, which other modules' tests must not see.
+    from tests.outbox.celery_app import app as celery_app
+
     settings.OUTBOX = {**settings.OUTBOX, "CELERY_SEND_TASK": False}
     seen_headers: list[str | None] = []
 
