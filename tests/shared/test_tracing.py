@@ -7,6 +7,8 @@ the same exporter), fed by the relay through the real Redis broker.
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from celery.contrib.testing.worker import start_worker
 from celery.signals import task_prerun
@@ -100,22 +102,47 @@ def test_a_failing_handler_is_recorded_on_its_span():
     assert failed and failed[0].events[0].name == "exception"
 
 
-def test_the_trace_reaches_a_celery_receiver_through_the_task_headers(settings):
-    # Imported here, not at collection: creating the app makes it Celery's
-    # current app, which other modules' tests must not see.
-    from tests.outbox.celery_app import app as celery_app
+def tracing_celery_app(queue: str):
+    """A Celery app of this test's own: its task is not shared, so no other test's
+    app (tests/outbox/test_checks.py finalizes several) ever sees it."""
+    from celery import Celery
+    from django.conf import settings
 
-    settings.OUTBOX = {**settings.OUTBOX, "CELERY_SEND_TASK": False}
+    from outbox.receivers import receiver
+    from tenancy import current_tenant_id
+    from tests.testapp.models import Order
+
+    app = Celery("dio_tracing_tests", broker=settings.CELERY_BROKER_URL, set_as_current=False)
+    app.conf.update(task_default_queue=queue, broker_connection_retry_on_startup=True,
+                    task_ignore_result=True)
+
+    @app.task(name="tests.tracing.receive", shared=False)
+    @receiver("tests.tracing.receive")
+    def receive(message):
+        Order.objects.create(tenant_id=current_tenant_id(), sku="traced",
+                             note=str(message.message_id))
+
+    return app
+
+
+def test_the_trace_reaches_a_celery_receiver_through_the_task_headers(settings):
+    from celery import _state
+
+    queue = f"dio-tracing-{uuid.uuid4().hex[:8]}"
+    app = tracing_celery_app(queue)
+    settings.OUTBOX = {**settings.OUTBOX, "CELERY_SEND_TASK": False, "CELERY_APP": app,
+                       "CELERY_TASK": "tests.tracing.receive", "CELERY_QUEUE": queue}
     seen_headers: list[str | None] = []
 
     def remember(task=None, **kwargs):
         seen_headers.append(task.request.get("traceparent"))
 
+    saved = (_state.default_app, getattr(_state._tls, "current_app", None))
     task_prerun.connect(remember, weak=False)
     try:
-        with start_worker(celery_app, perform_ping_check=False, shutdown_timeout=30):
+        with start_worker(app, perform_ping_check=False, shutdown_timeout=30):
             post_order()
-            relay = Relay(CeleryTransport(celery_app))
+            relay = Relay(CeleryTransport(app))
             try:
                 assert relay.drain() == 1
             finally:
@@ -123,11 +150,12 @@ def test_the_trace_reaches_a_celery_receiver_through_the_task_headers(settings):
             wait_for(lambda: bool(spans("outbox.receive")), "the receiver's span")
     finally:
         task_prerun.disconnect(remember)
+        _state.default_app, _state._tls.current_app = saved  # start_worker made it current
     handler = one("idempotency.handler")
     receive = one("outbox.receive")
     assert receive.context.trace_id == handler.context.trace_id
     assert receive.parent.span_id == handler.context.span_id
-    assert receive.attributes["outbox.receiver"] == "tests.receive_order"
+    assert receive.attributes["outbox.receiver"] == "tests.tracing.receive"
     # The Celery task's own headers carry the context too (for Celery's own tracing).
     assert seen_headers and seen_headers[0] is not None
     assert seen_headers[0].split("-")[1] == format(handler.context.trace_id, "032x")
