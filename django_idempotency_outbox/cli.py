@@ -18,6 +18,38 @@ def positive_int(value: str) -> int:
     return number
 
 
+def port_number(value: str) -> int:
+    """A TCP port, 1 to 65535 (e.g. ``--metrics-port``)."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port number") from None
+    if not 1 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port number (1 to 65535)")
+    return number
+
+
+def serve_metrics(port: int | None, addr: str = "0.0.0.0") -> None:
+    """Start ``--metrics-port``'s server (nothing when ``port`` is None).
+
+    Raises:
+        CommandError: metrics are unavailable, or the port cannot be bound.
+    """
+    if port is None:
+        return
+    from django.core.management.base import CommandError
+
+    from django_idempotency_outbox import metrics
+
+    try:
+        metrics.serve(port, addr)
+    except RuntimeError as exc:
+        raise CommandError(f"--metrics-port: {exc}") from exc
+    except OSError as exc:
+        reason = exc.strerror or exc
+        raise CommandError(f"--metrics-port: cannot listen on {addr}:{port}: {reason}") from exc
+
+
 def non_negative_seconds(value: str) -> float:
     """A number of seconds, 0 or more (e.g. ``--older-than``)."""
     try:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
+from types import MappingProxyType
 from typing import Any, ClassVar, Generic, TypeVar, overload
 
 from django.conf import settings
@@ -112,7 +113,9 @@ class AppSettings:
         Raises:
             ConfigurationError: it is not a dict.
         """
-        value = getattr(settings, self.namespace, {})
+        # One shared empty dict when the project has none: a new {} per call
+        # would look like a changed dict, and every read would convert again.
+        value = getattr(settings, self.namespace, _NO_SETTINGS)
         if not isinstance(value, Mapping):
             raise ConfigurationError(f"settings.{self.namespace} must be a dict.")
         return value
@@ -164,6 +167,7 @@ class AppSettings:
 
 
 _UNSET = object()
+_NO_SETTINGS: Mapping[str, Any] = MappingProxyType({})
 
 #: Every settings object, so that one system check covers them all.
 _registry: list[AppSettings] = []

@@ -274,7 +274,42 @@ def run() -> dict[str, Any]:
     title(9, "Counting: every effect exactly once")
     counts = final_counts(shop, created, captured, start_green)
     (shop.run_dir / "counts.json").write_text(json.dumps(counts, indent=2))
+
+    title(10, "What operators see: a message nobody can handle, metrics, health")
+    operators(shop)
     return counts
+
+
+def operators(shop: Shop) -> None:
+    """A malformed event is parked by the sales projection; /metrics and the health
+    check say so, and the admin lists it (docs/operations.md)."""
+    import django
+
+    django.setup()
+    from outbox import publish
+    from outbox.deadletters import list_parked
+    from tenancy import tenant_context
+
+    merchant = shop.users["alice"]["merchant"]
+    note("An older app version publishes order.created without its 'day' field.")
+    with tenant_context(merchant):
+        publish("order.created", {"order": 0, "quantity": 1, "total": 0}, key="order:legacy")
+    expect(
+        wait_until(lambda: any(p.consumer == "sales" for p in list_parked("sales"))),
+        "the sales projection parked it after 3 attempts; the stream kept flowing",
+    )
+    text = requests.get(shop.base + "/metrics", timeout=10).text
+    shown = [line for line in text.splitlines()
+             if line.startswith(("dio_idempotency_requests_total", "dio_outbox_parked",
+                                 "dio_outbox_lag_seconds", "dio_outbox_consumed_total"))]
+    for line in shown:
+        note(f"{DIM}{line}{RESET}")
+    expect(any(line.startswith('dio_outbox_parked_messages{consumer="sales"} 1')
+               for line in shown), "/metrics counts the parked message")
+    health = requests.get(shop.base + "/healthz/outbox", timeout=10)
+    expect(health.status_code == 200, f"/healthz/outbox: {health.json()['status']}")
+    note(f"Re-drive or discard it in the admin: {shop.base}/admin/outbox/parkedmessagerecord/"
+         f"; the trace of each order: {shop.base}/traces/")
 
 
 def out_of_order_commit(shop: Shop) -> tuple[int, int]:

@@ -63,6 +63,7 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    "django.contrib.staticfiles",
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
@@ -129,7 +130,17 @@ OUTBOX = {
     # Kept below the broker's visibility timeout (outbox.W104).
     "RECEIVER_RETRY_BACKOFF_MAX": timedelta(seconds=env.int("RECEIVER_RETRY_BACKOFF_MAX",
                                                              default=300)),
+    # Give up on a failing message quickly, so that the scenario shows one parked.
+    "MAX_ATTEMPTS": 3,
+    "RETRY_BACKOFF": timedelta(milliseconds=200),
 }
+
+# The admin's styles, served by the demo's own web server (example_project/urls.py).
+STATIC_URL = "static/"
+
+# Metrics (prometheus_client) and tracing (OpenTelemetry) are on: both extras
+# are installed. The demo's spans go to a file (example_project/telemetry.py).
+OBSERVABILITY = {"METRICS": True, "TRACING": True}
 
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="redis://127.0.0.1:6379/0")
 # A task delivered to a worker that dies before acknowledging it (acks_late)

@@ -1,9 +1,21 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.contrib.staticfiles.views import serve
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from django_idempotency_outbox.metrics import metrics_view
+from example_project.traces import traces
+from outbox import health_view
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    # Operators' endpoints; in production, route them where only Prometheus and
+    # the orchestrator reach them.
+    path("metrics", metrics_view),
+    path("healthz/outbox", health_view),
+    path("traces/", traces),
+    # The admin's CSS, served by Django: the demo has no web server in front.
+    re_path(r"^static/(?P<path>.*)$", serve, {"insecure": True}),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema")),
     path("", include("example_project.shop.urls")),

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 
+from django_idempotency_outbox import metrics
 from django_idempotency_outbox.durations import as_timedelta
 from idempotency import phases, store
 from idempotency.conf import idempotency_settings
@@ -79,6 +80,7 @@ def complete_abandoned_keys(
     scopes = phases.completable_scopes()
     report = CompleteReport()
     if not scopes:
+        metrics.upkeep("complete_keys")
         return report
     keys = store.abandoned_keys(alias, scopes, window, size)
     report.found = len(keys)
@@ -117,6 +119,7 @@ def complete_abandoned_keys(
         if progress:
             progress(f"tenant {tenant_id} scope {scope} key {key!r}: {line}")
     report.seconds = time.monotonic() - started
+    metrics.upkeep("complete_keys", report.completed + report.gave_up)
     return report
 
 

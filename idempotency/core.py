@@ -55,6 +55,7 @@ from typing import Any, Generic, TypeVar
 import psycopg
 from django.db import connections, transaction
 
+from django_idempotency_outbox import tracing
 from django_idempotency_outbox.durations import backoff
 from idempotency import store
 from idempotency.conf import idempotency_settings
@@ -394,7 +395,8 @@ def _attempt(
             # The handler's savepoint opens before the lookup, so that BEGIN's
             # companions (SET LOCAL, SAVEPOINT) travel with the lookup.
             with transaction.atomic(using=alias):
-                found = store.lookup(alias, request, lock=True)
+                with tracing.span("idempotency.key_lookup"):
+                    found = store.lookup(alias, request, lock=True)
                 if found.live:
                     return answer_from_row(request, found)
                 if not found.locked:
@@ -412,12 +414,13 @@ def _attempt(
             pass
         if verdict is Verdict.UNSTORED:
             return Result(Outcome.EXECUTED, value=value, verdict=verdict)
-        if found.exists:  # an expired row, not yet reaped
-            stored = store.replace_expired(alias, request, response, verdict.value, ttl)
-        else:
-            stored = store.insert_finished(
-                alias, request, response, verdict.value, ttl, commit=outermost
-            )
+        with tracing.span("idempotency.store"):
+            if found.exists:  # an expired row, not yet reaped
+                stored = store.replace_expired(alias, request, response, verdict.value, ttl)
+            else:
+                stored = store.insert_finished(
+                    alias, request, response, verdict.value, ttl, commit=outermost
+                )
         if not stored:
             # Another transaction stored this key after our lookup (under
             # REPEATABLE READ, or in the instant between our snapshot and our

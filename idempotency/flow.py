@@ -20,12 +20,14 @@ No DRF import here: a plain Django view gets exactly the same contract.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
 
+from django_idempotency_outbox import metrics, tracing
 from idempotency import core, inputs
 from idempotency.conf import idempotency_settings
 from idempotency.exceptions import RequestRefused
@@ -98,37 +100,78 @@ def respond(
         get_tenant=get_tenant,
     )
     if isinstance(checked, HttpResponse):
+        _count_refused(scope)
         return checked
     key, tenant_id = checked
     if key is None:  # optional and absent: run as the tenant, without a key
         with tenant_context(tenant_id, using=app_alias()):
             return view()
+    with tracing.span("idempotency.request", {"idempotency.scope": _scope_of(scope)}):
+        try:
+            inputs.check_size(request)
+            inputs.check_path(request.path)
+            if body is not None:
+                inputs.check_body(inputs.parsed(body))
+            keyed = core.IdempotentRequest(
+                tenant_id=tenant_id,
+                scope=scope(),
+                key=key,
+                fingerprint=inputs.parsed(fingerprint),
+                method=str(request.method),
+                path=request.path,
+                ttl=ttl,
+            )
+            if run_program is not None:
+                result = run_program(keyed)
+                _count(keyed.scope, result.outcome.value)
+                if result.outcome is core.Outcome.EXECUTED:
+                    assert result.value is not None
+                    return http_response(result.value)
+                return answer(result, replay=replay)
+        except RequestRefused as refused:
+            _count_refused(scope)
+            return problem_response(refused.status, refused.code, refused.detail)
+        with metrics.timed_request(keyed.scope) as handler_seconds:
+            executed = core.execute(
+                keyed, _timed(keyed_view or view, handler_seconds), to_stored_response,
+                wait=wait, using=app_alias(),
+            )
+        _count(keyed.scope, executed.outcome.value)
+        return answer(executed, replay=replay)
+
+
+def _scope_of(scope: Callable[[], str]) -> str:
     try:
-        inputs.check_size(request)
-        inputs.check_path(request.path)
-        if body is not None:
-            inputs.check_body(inputs.parsed(body))
-        keyed = core.IdempotentRequest(
-            tenant_id=tenant_id,
-            scope=scope(),
-            key=key,
-            fingerprint=inputs.parsed(fingerprint),
-            method=str(request.method),
-            path=request.path,
-            ttl=ttl,
-        )
-        if run_program is not None:
-            result = run_program(keyed)
-            if result.outcome is core.Outcome.EXECUTED:
-                assert result.value is not None
-                return http_response(result.value)
-            return answer(result, replay=replay)
-    except RequestRefused as refused:
-        return problem_response(refused.status, refused.code, refused.detail)
-    executed = core.execute(
-        keyed, keyed_view or view, to_stored_response, wait=wait, using=app_alias()
-    )
-    return answer(executed, replay=replay)
+        return scope()
+    except Exception:  # a hook that needs what a refused request lacks
+        return ""
+
+
+def _count(scope: str, outcome: str) -> None:
+    """Count a keyed request's outcome (one of :data:`metrics.OUTCOMES`)."""
+    metrics.request(scope, outcome)
+    tracing.set_attribute("idempotency.outcome", outcome)
+
+
+def _count_refused(scope: Callable[[], str]) -> None:
+    if metrics.instruments() is not None or tracing.enabled():
+        _count(_scope_of(scope), "refused")
+
+
+def _timed(
+    handler: Callable[[], HttpResponse], seconds: list[float]
+) -> Callable[[], HttpResponse]:
+    """``handler`` in the ``idempotency.handler`` span, its time added to ``seconds``."""
+
+    def run() -> HttpResponse:
+        started = time.perf_counter()
+        try:
+            with tracing.span("idempotency.handler"):
+                return handler()
+        finally:
+            seconds.append(time.perf_counter() - started)
+
+    return run
 
 
 def check_request(

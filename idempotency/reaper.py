@@ -31,6 +31,7 @@ from datetime import datetime
 
 from django.db import connections
 
+from django_idempotency_outbox import metrics
 from idempotency import store
 from idempotency.conf import idempotency_settings
 from idempotency.exceptions import ReaperBusy
@@ -135,6 +136,8 @@ def reap_expired_keys(
     finally:
         lease.release()
     report.seconds = time.monotonic() - started
+    if not dry_run:
+        metrics.upkeep("reap_keys", report.deleted + report.gave_up)
     return report
 
 

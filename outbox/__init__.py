@@ -27,6 +27,7 @@ __all__ = [
     "Relay",
     "Transport",
     "__version__",
+    "health_view",
     "publish",
     "receive",
     "receiver",
@@ -54,6 +55,7 @@ __getattr__ = lazy_exports(
         "NotInTransaction": "outbox.exceptions",
         "NoTenant": "outbox.exceptions",
         "ConsumerConfigError": "outbox.exceptions",
+        "health_view": "outbox.views",
     },
 )
 
@@ -68,3 +70,4 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
     from outbox.stream import Message
     from outbox.testing import InMemoryTransport, relay_pending
     from outbox.transports import Transport
+    from outbox.views import health_view

@@ -14,6 +14,19 @@ class OutboxConfig(AppConfig):
 
         checks.register()
         connect_celery_signals()
+        register_metrics()
+
+
+def register_metrics() -> None:
+    """Register the counters now (when prometheus_client is installed and metrics are on).
+
+    Not on a process's first count: a Celery pool process or a gunicorn
+    worker forked after this inherits them, and no request or task pays for
+    importing prometheus_client.
+    """
+    from django_idempotency_outbox import metrics
+
+    metrics.instruments()
 
 
 def connect_celery_signals() -> None:

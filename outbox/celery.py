@@ -45,10 +45,12 @@ from urllib.parse import urlsplit
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
 from celery.signals import worker_ready
+from django.db import transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 from kombu.utils.url import maybe_sanitize_url
 
+from django_idempotency_outbox import metrics
 from django_idempotency_outbox.durations import backoff
 from outbox import store
 from outbox.conf import outbox_settings
@@ -182,6 +184,7 @@ def _park(task: Task, message: Message, attempts: int, exc: Exception,
     with tenant_context(message.tenant_id, using=alias):
         if not store.is_parked(alias, consumer, message.message_id):
             store.park(alias, consumer, message, attempts, error)
+            transaction.on_commit(lambda: metrics.parked(consumer), using=alias)
 
 
 # -- re-driving ------------------------------------------------------------------

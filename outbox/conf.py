@@ -17,6 +17,7 @@ from django_idempotency_outbox.conf import (
     text,
     text_mapping,
 )
+from django_idempotency_outbox.observability import observability_settings  # noqa: F401 (registers it)
 
 
 class OutboxSettings(AppSettings):
@@ -89,6 +90,12 @@ class OutboxSettings(AppSettings):
     RECEIVED_RETENTION = Setting(timedelta(days=7), seconds())
     #: Rows deleted per reaper transaction.
     REAP_BATCH_SIZE = Setting(5000, integer(minimum=1))
+    #: Health checks (outbox_health, outbox.health_view): a reader whose oldest
+    #: unpassed readable message is older than this is unhealthy.
+    HEALTH_MAX_LAG = Setting(timedelta(seconds=60), seconds(allow_zero=False))
+    #: Health checks: a relay whose lease ran out more than this long ago (or
+    #: that holds none) is unhealthy: no relay is running.
+    HEALTH_MAX_LEASE_AGE = Setting(timedelta(seconds=10), seconds())
 
 
 outbox_settings = OutboxSettings()

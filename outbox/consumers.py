@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 from django.db import transaction
 from django.utils.module_loading import import_string
 
+from django_idempotency_outbox import metrics, tracing
 from django_idempotency_outbox.durations import backoff
 from outbox import store
 from outbox.conf import outbox_settings
@@ -213,7 +214,12 @@ def run_batch(consumer: Consumer, partition: int = 0) -> BatchResult:
     """
     worker = worker_alias()
     with working_as_worker(worker):
-        return _run_batch(consumer, partition, worker, system_alias())
+        result = _run_batch(consumer, partition, worker, system_alias())
+    # Counted once the batch's transaction committed.
+    metrics.consumed(consumer.name, result.handled)
+    if result.parked:
+        metrics.parked(consumer.name)
+    return result
 
 
 def _run_batch(consumer: Consumer, partition: int, worker: str, system: str) -> BatchResult:
@@ -302,17 +308,27 @@ def _handle(
             for tenant_id, group in groupby(ordered, key=lambda m: m.tenant_id):
                 with tenant_context(tenant_id, using=alias):
                     for message in group:
-                        consumer.handle(message)
+                        _handle_one(consumer, message)
         return len(messages), None
     except Exception:
         pass
     for index, message in enumerate(messages):
         try:
             with tenant_context(message.tenant_id, using=alias):
-                consumer.handle(message)
+                _handle_one(consumer, message)
         except Exception as exc:
             return index, (message, exc)
     return len(messages), None
+
+
+def _handle_one(consumer: Consumer, message: Message) -> None:
+    """``consumer.handle(message)``, in an ``outbox.consume`` span of the message's trace."""
+    if not tracing.enabled():
+        consumer.handle(message)
+        return
+    attributes = {**tracing.message_attributes(message), "outbox.consumer": consumer.name}
+    with tracing.message_span("outbox.consume", message.headers, attributes):
+        consumer.handle(message)
 
 
 def run_consumers(

@@ -125,3 +125,22 @@ def _receiver_handler(name: str, tenant: int, row_id: int) -> Callable[[Message]
             'Celery app (OUTBOX["CELERY_APP"]) does not have as an outbox receiver'
         )
     return lambda message: body(message.envelope())
+
+
+def discard(ids: Sequence[tuple[int, int]]) -> int:
+    """Delete dead-letter rows ``(tenant_id, id)`` without handling them; return how many.
+
+    Each tenant's rows are deleted as that tenant, on the app alias (under
+    row-level security), in one transaction per tenant.
+    """
+    alias = app_alias()
+    by_tenant: dict[int, list[tuple[int, int]]] = {}
+    for tenant, row_id in ids:
+        by_tenant.setdefault(tenant, []).append((tenant, row_id))
+    deleted = 0
+    for tenant, rows in sorted(by_tenant.items()):
+        with tenant_context(tenant, using=alias):
+            deleted += store.discard_parked(alias, rows)
+    if deleted:
+        logger.warning("outbox: discarded %d parked message(s) unhandled", deleted)
+    return deleted

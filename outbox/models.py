@@ -176,3 +176,61 @@ class ReceivedMessage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.receiver}: {self.tenant_id}/{self.message_id}"
+
+
+class ParkedMessageRecord(models.Model):
+    """The dead-letter table as the admin lists it (every tenant).
+
+    Django 5.2's admin cannot register a model with a composite primary key,
+    so this unmanaged model maps ``outbox_dead_letters`` with ``id`` standing
+    in as the primary key (it comes from one identity, so it does not repeat
+    across tenants in practice). The admin acts on ``(tenant_id, id)`` pairs,
+    never on ``id`` alone.
+    """
+
+    tenant_id = models.BigIntegerField()
+    id = models.BigIntegerField(primary_key=True)
+    consumer = models.CharField(max_length=200)
+    message_pk = models.BigIntegerField()
+    message_id = models.UUIDField()
+    topic = models.CharField(max_length=200)
+    key = models.CharField(max_length=200, null=True)  # noqa: DJ001
+    attempts = models.IntegerField()
+    error = models.TextField()
+    message_created_at = models.DateTimeField()
+    parked_at = models.DateTimeField()
+
+    class Meta:
+        managed = False
+        db_table = "outbox_dead_letters"
+        verbose_name = "parked message"
+        ordering = ["parked_at", "tenant_id", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.consumer}: {self.tenant_id}/{self.id} {self.topic}"
+
+
+class ReaderPositionRecord(models.Model):
+    """The readers' offset rows as the admin lists them (read-only).
+
+    Unmanaged, with ``name`` standing in as the primary key for the admin
+    (a consumer has one row per partition): a list, no page per row.
+    """
+
+    name = models.CharField(max_length=200, primary_key=True)
+    partition = models.IntegerField()
+    partition_count = models.IntegerField()
+    last_id = models.BigIntegerField()
+    last_processed_at = models.DateTimeField(null=True)
+    attempts = models.IntegerField()
+    lease_owner = models.CharField(max_length=200)
+    lease_until = models.DateTimeField(null=True)
+
+    class Meta:
+        managed = False
+        db_table = "consumer_offsets"
+        verbose_name = "reader position"
+        ordering = ["name", "partition"]
+
+    def __str__(self) -> str:
+        return f"{self.name}[{self.partition}] at {self.last_id}"

@@ -11,6 +11,7 @@ from typing import Any
 from django.db import connections, transaction
 from django.utils.module_loading import import_string
 
+from django_idempotency_outbox import metrics, tracing
 from outbox import store
 from outbox.conf import outbox_settings
 from outbox.exceptions import NoTenant, NotInTransaction
@@ -97,9 +98,15 @@ def publish(
         aggregate_type=aggregate_type,
         aggregate_id=None if aggregate_id is None else str(aggregate_id),
         payload=payload,
-        headers=dict(headers or {}),
+        headers=tracing.inject(dict(headers or {})),
     )
     _kick_after_commit(connection, alias)
+    if metrics.instruments() is not None:
+        # Counted when it commits: a rolled-back savepoint drops the hook.
+        def _count_published() -> None:
+            metrics.published(topic)
+
+        transaction.on_commit(_count_published, using=alias)
     return message_id
 
 

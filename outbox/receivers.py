@@ -27,6 +27,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from django_idempotency_outbox import metrics, tracing
 from outbox import store
 from outbox.stream import Message
 from tenancy import tenant_context
@@ -67,7 +68,11 @@ def receive(
             logger.info("outbox: receiver %s skipped message %s of tenant %s: already handled",
                         receiver, message.message_id, message.tenant_id)
             return False, None
-        return True, handler(message)
+        attributes = {**tracing.message_attributes(message), "outbox.receiver": receiver}
+        with tracing.message_span("outbox.receive", message.headers, attributes):
+            result = handler(message)
+    metrics.consumed(receiver)  # committed
+    return True, result
 
 
 def receiver(

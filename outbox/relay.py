@@ -44,11 +44,14 @@ import os
 import socket
 import threading
 import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import connections
 
+from django_idempotency_outbox import metrics, tracing
 from django_idempotency_outbox.durations import backoff
 from outbox import store
 from outbox.conf import outbox_settings
@@ -122,6 +125,30 @@ def _close(alias: str) -> None:
         connections[alias].close()
     except Exception:  # already broken: nothing left to close
         pass
+
+
+@contextmanager
+def _relay_spans(relay: str, messages: Sequence[Message | Envelope]) -> Iterator[None]:
+    """An ``outbox.relay`` span per message, child of its publisher's trace, around the send."""
+    if not tracing.enabled():
+        yield
+        return
+    spans = []
+    for item in messages:
+        message = item.message() if isinstance(item, Envelope) else item
+        spans.append(tracing.start_message_span(
+            "outbox.relay", message.headers,
+            {**tracing.message_attributes(message), "outbox.relay": relay}, kind="PRODUCER",
+        ))
+    try:
+        yield
+    except BaseException as exc:
+        for span in spans:
+            tracing.fail(span, exc)
+        raise
+    finally:
+        for span in spans:
+            span.end()
 
 
 class Relay:
@@ -203,10 +230,11 @@ class Relay:
             self._position = None  # another relay took over while this one read
             return False
         try:
-            if self.transport.reads_envelopes:
-                self.transport.send_envelopes(batch.messages)  # type: ignore[arg-type]
-            else:
-                self.transport.send(batch.messages)  # type: ignore[arg-type]
+            with _relay_spans(self.name, batch.messages):
+                if self.transport.reads_envelopes:
+                    self.transport.send_envelopes(batch.messages)  # type: ignore[arg-type]
+                else:
+                    self.transport.send(batch.messages)  # type: ignore[arg-type]
         except DATABASE_ERRORS:
             raise
         except Exception as exc:
@@ -241,6 +269,7 @@ class Relay:
             return False
         self._position = last
         self.sent += len(batch.messages)
+        metrics.relayed(self.name, len(batch.messages))
         return len(batch.messages) == self.batch_size
 
     def drain(self) -> int:

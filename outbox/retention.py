@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from django_idempotency_outbox import metrics
 from outbox import store
 from outbox.conf import outbox_settings
 from outbox.consumers import configured_consumers
@@ -82,4 +83,5 @@ def reap(batch_size: int | None = None, using: str | None = None) -> ReapResult:
             if deleted < size:
                 break
     logger.info("outbox: reaped %d message(s) and %d receiver record(s)", messages, received)
+    metrics.upkeep("reap_outbox", messages + received)
     return ReapResult(messages, received, limit)

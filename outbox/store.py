@@ -33,7 +33,7 @@ from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connections
-from django.db.models import Count, F
+from django.db.models import Count, F, Q
 from django.db.models.functions import Now
 
 from outbox.stream import ENVELOPE_KEYS, Batch, Envelope, Message
@@ -1023,3 +1023,72 @@ def fence_facts(using: str) -> FenceFacts | None:
         cursor.execute(_FENCE_FACTS)
         row = cursor.fetchone()
     return None if row is None else FenceFacts(*row)
+
+
+# -- health and metrics -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReaderHealth:
+    """One reader as health checks and metrics see it.
+
+    Attributes:
+        behind: messages below the fence it has not passed (an upper bound for
+            a consumer with topics or partitions, as in :class:`ReaderLag`).
+        lag: the age of the first message below the fence it has not passed
+            (None: it has passed every readable message). For a consumer with
+            topics or partitions, a message it does not select still counts
+            until it moves past it (within about 5 s of idling).
+        lease_left: relays only: seconds until the lease runs out, negative
+            once it has (None: no lease held, e.g. after a clean stop).
+        lease_owner: relays only: host:pid:token of the holder ("" when none).
+    """
+
+    name: str
+    partition: int
+    position: int
+    behind: int
+    lag: timedelta | None
+    lease_left: float | None
+    lease_owner: str
+
+    @property
+    def is_relay(self) -> bool:
+        return self.name.startswith("relay:")
+
+
+# Hand-written: per reader, along the delivery index below the fence, the
+# count and the first row's age, and the lease by the database clock.
+_READER_HEALTH = """
+SELECT o.name, o.partition, o.last_id,
+       (SELECT count(*) FROM outbox_messages m WHERE m.id > o.last_id AND m.id < %s),
+       (SELECT now() - m.created_at FROM outbox_messages m
+         WHERE m.id > o.last_id AND m.id < %s ORDER BY m.id LIMIT 1),
+       extract(epoch FROM o.lease_until - now())::float8, o.lease_owner
+  FROM consumer_offsets o
+ ORDER BY o.name, o.partition
+"""
+
+
+def reader_health(using: str, fence: int) -> list[ReaderHealth]:
+    """Every reader's lag (in messages and seconds) below ``fence``, and relays' leases."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(_READER_HEALTH, [fence, fence])
+        rows = cursor.fetchall()
+    return [
+        ReaderHealth(name, partition, int(last_id), behind, lag, left, owner)
+        for name, partition, last_id, behind, lag, left, owner in rows
+    ]
+
+
+def discard_parked(using: str, rows: Sequence[tuple[int, int]]) -> int:
+    """Delete dead-letter rows ``(tenant_id, id)`` without handling them; return how many."""
+    from outbox.models import DeadLetter
+
+    if not rows:
+        return 0
+    match = Q()
+    for tenant_id, row_id in rows:
+        match |= Q(tenant_id=tenant_id, id=row_id)
+    deleted, _ = DeadLetter.objects.using(using).filter(match).delete()
+    return deleted

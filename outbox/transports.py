@@ -15,6 +15,7 @@ from typing import Any
 
 from django.utils.module_loading import import_string
 
+from django_idempotency_outbox import tracing
 from django_idempotency_outbox.errors import ConfigurationError
 from outbox.conf import outbox_settings
 from outbox.stream import Envelope, Message
@@ -176,6 +177,9 @@ class CeleryTransport(Transport):
             }
             if outbox_settings.CELERY_QUEUE:
                 options["queue"] = outbox_settings.CELERY_QUEUE
+            trace = item.trace_headers()
+            if trace:
+                options["headers"] = trace
             app.send_task(task, args=[item.as_dict()], task_id=item.message_id,
                           producer=producer, **options)
             return
@@ -183,6 +187,7 @@ class CeleryTransport(Transport):
             item.message_id, task, args=[item.as_dict()], kwargs={},
             argsrepr=item.argsrepr(), kwargsrepr="{}",
         )
+        headers.update(item.trace_headers())
         producer.publish(
             body, exchange="", routing_key=queue.name, serializer="json", headers=headers,
             delivery_mode=queue.exchange.delivery_mode or 2, declare=declare, retry=False,
@@ -208,6 +213,12 @@ class _Outgoing:
     def argsrepr(self) -> str:
         # Celery would otherwise build a printable copy of every payload.
         return f"[<outbox message {self.message_id} {self.topic}>]"
+
+    def trace_headers(self) -> dict[str, str]:
+        """The message's trace context, for the Celery task's headers (when tracing is on)."""
+        if not tracing.enabled():
+            return {}
+        return tracing.context_headers(self.as_dict().get("headers"))
 
     def as_dict(self) -> dict[str, Any]:
         if self._data is None:
@@ -312,6 +323,7 @@ class _RedisWire:
         prepare, augment = channel.prepare_message, channel._inplace_augment_message
         priority_of, key_for = channel._get_message_priority, channel._q_for_pri
         lists: dict[str, list[str]] = {}
+        trace = tracing.enabled()
         tail: tuple[Any, str] = (None, "")  # (kwargs, embed) and their JSON, as last built
         for item, task in zip(items, tasks, strict=True):
             name = queues[task].name
@@ -319,6 +331,8 @@ class _RedisWire:
                 item.message_id, task, args=(), kwargs={}, origin=origin,
                 argsrepr=item.argsrepr(), kwargsrepr="{}",
             )
+            if trace:
+                headers.update(item.trace_headers())
             if tail[0] != (kwargs, embed):
                 tail = ((kwargs, embed), f"{json_dumps(kwargs)},{json_dumps(embed)}]")
             body = f"[[{item.as_json(json_dumps)}],{tail[1]}"

@@ -1,6 +1,8 @@
 from django.contrib import admin
 from django.urls import path
 
+from django_idempotency_outbox.metrics import metrics_view
+from outbox import health_view
 from tests.testapp import views
 
 create = {"post": "create"}
@@ -34,4 +36,7 @@ urlpatterns = [
     path("streamed-skus/", views.StreamedSkusView.as_view()),
     path("fuzz-orders/", views.FuzzOrderViewSet.as_view(create)),
     path("fuzz-django-orders/", views.fuzz_django_create),
+    path("published-orders/", views.PublishingOrderViewSet.as_view(create)),
+    path("metrics", metrics_view),
+    path("healthz/outbox", health_view),
 ]

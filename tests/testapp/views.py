@@ -293,3 +293,17 @@ def fuzz_django_create(request):
     digest = hashlib.sha256(request.body).hexdigest()
     order = Order.objects.create(tenant_id=current_tenant_id(), sku="fuzz", note=digest)
     return JsonResponse({"id": order.id, "sha256": digest}, status=201)
+
+
+class PublishingOrderViewSet(OrderViewSet):
+    """Creates the order and announces it (order.placed, which the "orders" consumer
+    and the Celery receivers handle): the request the operators' tests trace."""
+
+    idempotency_scope = "order.create-published"
+
+    def perform_create(self, serializer):
+        from outbox import publish
+
+        super().perform_create(serializer)
+        order = serializer.instance
+        publish("order.placed", {"id": order.pk, "sku": order.sku}, key=f"order:{order.pk}")

@@ -5,7 +5,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_idempotency_outbox.cli import message_id_or_time
+from django_idempotency_outbox.cli import message_id_or_time, port_number, serve_metrics
 from outbox.exceptions import RewindRefused
 
 
@@ -21,6 +21,12 @@ class Command(BaseCommand):
         parser.add_argument("--name", help="relay name (its offset row is relay:<name>)")
         parser.add_argument("--transport", help="dotted path of a transport class")
         parser.add_argument("--batch-size", type=int, help="messages per round")
+        parser.add_argument(
+            "--metrics-port", type=port_number, metavar="PORT",
+            help="serve Prometheus metrics (this process's and the outbox gauges) on PORT",
+        )
+        parser.add_argument("--metrics-addr", default="0.0.0.0", metavar="ADDR",
+                            help="address --metrics-port listens on (default 0.0.0.0)")
         parser.add_argument(
             "--rewind-to", type=message_id_or_time, metavar="MESSAGE_ID|TIME",
             help="set the relay back to just before this message (a UUID) or the first "
@@ -42,6 +48,7 @@ class Command(BaseCommand):
             return
         if options["dry_run"]:
             raise CommandError("--dry-run goes with --rewind-to")
+        serve_metrics(options["metrics_port"], options["metrics_addr"])
         try:
             relay = Relay(options["transport"], name=options["name"],
                           batch_size=options["batch_size"])

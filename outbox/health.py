@@ -1,0 +1,92 @@
+"""Is the outbox moving? The answer liveness and readiness probes ask for.
+
+Unhealthy when a reader (a consumer partition or a relay) has a readable
+message older than ``OUTBOX["HEALTH_MAX_LAG"]`` that it has not passed, or
+when the relay (``OUTBOX["RELAY"]``) holds no lease, or one that ran out more
+than ``OUTBOX["HEALTH_MAX_LEASE_AGE"]`` ago: a running relay renews its lease
+every quarter of ``RELAY_LEASE`` even when idle, so a stale lease means no
+relay is running. Consumers hold no lease: a dead consumer shows as lag once
+a message waits for it. ``outbox_health`` (the command) and
+:func:`outbox.health_view` (the view) both answer from :func:`check`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from outbox import store
+from outbox.conf import outbox_settings
+from outbox.consumers import configured_consumers
+from outbox.store import ReaderHealth
+from tenancy.aliases import system_alias
+
+
+@dataclass(frozen=True)
+class Health:
+    """The verdict, with one line per problem and the readers it looked at."""
+
+    problems: list[str] = field(default_factory=list)
+    readers: list[ReaderHealth] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def check(
+    *,
+    max_lag: float | None = None,
+    max_lease_age: float | None = None,
+    readers: Sequence[str] = (),
+    relay: bool | None = None,
+    using: str | None = None,
+) -> Health:
+    """Check the configured readers (or only those named).
+
+    Args:
+        max_lag: seconds (``HEALTH_MAX_LAG``).
+        max_lease_age: seconds (``HEALTH_MAX_LEASE_AGE``).
+        readers: consumer names, or ``relay:<name>``; empty: every configured
+            consumer, and the relay when ``relay``.
+        relay: check the relay's lease (``OUTBOX["RELAY"]`` when None; only
+            when no ``readers`` are named, or the relay is among them).
+        using: the system alias.
+
+    Raises:
+        django.db.DatabaseError: the database could not be asked (which is
+            itself unhealthy: the callers say so).
+    """
+    lag_limit = outbox_settings.HEALTH_MAX_LAG if max_lag is None else max_lag
+    lease_limit = (outbox_settings.HEALTH_MAX_LEASE_AGE if max_lease_age is None
+                   else max_lease_age)
+    relay_name = f"relay:{outbox_settings.RELAY_NAME}"
+    wanted = list(readers)
+    if not wanted:
+        wanted = [c.name for c in configured_consumers()]
+        if outbox_settings.RELAY if relay is None else relay:
+            wanted.append(relay_name)
+    alias = system_alias(using)
+    fence = store.current_fence(alias)
+    rows = [r for r in store.reader_health(alias, fence) if r.name in wanted]
+    problems: list[str] = []
+    seen = {r.name for r in rows}
+    for name in wanted:
+        if name not in seen:
+            problems.append(f"{name}: has never run (no offset row)")
+    for r in rows:
+        where = r.name if r.is_relay else f"{r.name}[{r.partition}]"
+        if r.lag is not None and r.lag.total_seconds() > lag_limit:
+            problems.append(
+                f"{where}: {r.behind} message(s) behind, the oldest "
+                f"{r.lag.total_seconds():.0f} s old (limit {lag_limit:g} s)"
+            )
+        if r.is_relay:
+            if r.lease_left is None:
+                problems.append(f"{where}: no relay holds the lease (none is running)")
+            elif -r.lease_left > lease_limit:
+                problems.append(
+                    f"{where}: its lease ran out {-r.lease_left:.0f} s ago (limit "
+                    f"{lease_limit:g} s): its relay stopped renewing it ({r.lease_owner})"
+                )
+    return Health(problems, rows)

@@ -1,0 +1,142 @@
+"""outbox_health and the health view: behind, a stale lease, fine; and their exit codes."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from outbox.consumers import ensure_offsets
+from outbox.relay import Relay
+from outbox.testing import InMemoryTransport
+from tests.helpers import observer
+from tests.outbox.consumers import OrderRecorder, PartitionedRecorder, SlowRecorder
+from tests.outbox.helpers import ROOT, drain, publish_as
+
+
+def health(*args: str) -> tuple[int, str]:
+    """Run the command as a probe would: a process, its exit status and its output."""
+    done = subprocess.run([sys.executable, "manage.py", "outbox_health", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    return done.returncode, done.stdout + done.stderr
+
+
+def age_messages(seconds: int) -> None:
+    with observer() as conn:
+        conn.execute("UPDATE outbox_messages SET created_at = now() - make_interval(secs => %s)",
+                     [seconds])
+
+
+def set_lease(until_sql: str) -> None:
+    with observer() as conn:
+        conn.execute(f"UPDATE consumer_offsets SET lease_until = {until_sql}"
+                     " WHERE name = 'relay:default'")
+
+
+@pytest.fixture
+def relay():
+    """A relay that has run and still holds its lease (as a running one does)."""
+    relay = Relay(InMemoryTransport())
+    relay.drain()
+    set_lease("now() + interval '1 minute'")
+    yield relay
+    relay.release()
+
+
+@pytest.fixture
+def every_reader(relay):
+    for consumer in (OrderRecorder(), PartitionedRecorder(), SlowRecorder()):
+        ensure_offsets(consumer)
+
+
+def test_fine_exits_0(every_reader):
+    code, out = health()
+    assert code == 0, out
+    assert out.startswith("ok: 7 reader(s)")  # 1 + 4 partitions + 1 consumers, 1 relay
+
+
+def test_a_consumer_behind_exits_1_naming_it(every_reader):
+    publish_as(1, "order.placed", {"sku": "late"})
+    age_messages(120)
+    code, out = health("--max-lag", "60", "orders")
+    assert code == 1
+    assert re.search(r"orders\[0\]: 1 message\(s\) behind, the oldest 1\d\d s old \(limit 60 s\)",
+                     out), out
+    assert "Traceback" not in out
+    assert health("--max-lag", "600", "orders")[0] == 0  # within a looser limit
+    drain(OrderRecorder())
+    assert health("--max-lag", "60", "orders")[0] == 0
+
+
+def test_the_relay_behind_is_unhealthy_too(every_reader):
+    publish_as(1, "order.placed", {"sku": "late"})
+    age_messages(120)
+    with pytest.raises(CommandError, match=r"relay:default: 1 message\(s\) behind"):
+        call_command("outbox_health", "relay:default", "--max-lag", "60")
+
+
+def test_a_stale_relay_lease_exits_1(every_reader):
+    set_lease("now() - interval '30 seconds'")
+    code, out = health("--max-lease-age", "10")
+    assert code == 1
+    assert re.search(r"relay:default: its lease ran out [3-9]\d s ago \(limit 10 s\)", out), out
+    assert health("--max-lease-age", "60")[0] == 0
+
+
+def test_a_relay_that_stopped_cleanly_holds_no_lease(every_reader, relay):
+    relay.release()
+    with pytest.raises(CommandError, match="no relay holds the lease"):
+        call_command("outbox_health")
+    call_command("outbox_health", "--no-relay")  # a consumer pod's probe
+
+
+def test_a_reader_that_never_ran_is_unhealthy(relay):
+    with pytest.raises(CommandError, match=r"orders: has never run"):
+        call_command("outbox_health", "orders")
+
+
+def test_an_unreachable_database_is_one_line_and_exit_1():
+    done = subprocess.run(
+        [sys.executable, "manage.py", "outbox_health"], cwd=ROOT, capture_output=True, text=True,
+        timeout=60, env={**__import__("os").environ, "DIO_PGPORT": "1", "DIO_PGHOST": "127.0.0.1",
+                         "DIO_PGSOCKET": ""},
+    )
+    assert done.returncode == 1
+    assert done.stderr.startswith("CommandError: unhealthy: cannot read the outbox:")
+    assert "Traceback" not in done.stderr
+
+
+def test_bad_arguments_are_refused():
+    code, out = health("--max-lag", "soon")
+    assert code == 2
+    assert "'soon' is not a number of seconds" in out
+
+
+# -- the view --------------------------------------------------------------------
+
+
+def test_the_view_answers_200_when_fine_and_503_when_behind(client, every_reader):
+    response = client.get("/healthz/outbox")
+    assert response.status_code == 200
+    assert response.json()["status"] == "ok"
+    publish_as(1, "order.placed", {"sku": "late"})
+    age_messages(120)
+    response = client.get("/healthz/outbox?reader=orders")
+    assert response.status_code == 503
+    body = response.json()
+    assert body["status"] == "unhealthy"
+    [problem] = body["problems"]
+    assert re.fullmatch(r"orders\[0\]: 1 message\(s\) behind, the oldest 1\d\d s old "
+                        r"\(limit 60 s\)", problem)
+    assert body["readers"][0]["behind"] == 1
+    assert client.post("/healthz/outbox").status_code == 405
+
+
+def test_the_view_answers_503_when_the_database_cannot_be_asked(client, settings):
+    settings.TENANCY = {**settings.TENANCY, "SYSTEM_DATABASE": "nowhere"}
+    response = client.get("/healthz/outbox")
+    assert response.status_code == 503
+    assert "nowhere" in response.json()["problems"][0]
