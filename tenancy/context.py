@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import threading
 import weakref
 from collections.abc import Iterator
@@ -11,9 +13,14 @@ from typing import Any
 from django.db import connections, transaction
 
 from tenancy.aliases import app_alias
+from tenancy.conf import ContextKey, tenancy_settings
 
 #: The PostgreSQL setting that the row-level security policies compare with.
 GUC = "app.tenant_id"
+
+#: The setting that carries the tenant's token in the verified mode
+#: (``TENANCY["VERIFIED_CONTEXT"]``, docs/roles.md).
+TOKEN_GUC = "app.tenant_token"
 
 _BIGINT_MIN = -(2**63)
 _BIGINT_MAX = 2**63 - 1
@@ -48,12 +55,49 @@ def _stack(connection: Any) -> list[int]:
     return stack
 
 
-def _set(connection: Any, tenant_id: int | None) -> None:
+#: Per connection wrapper: what the tokens of its open contexts are bound to
+#: (the transaction's binding, read when its first context opened).
+_bindings: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+def mint_token(key: ContextKey, tenant_id: int, binding: str) -> str:
+    """The token that names ``tenant_id`` in the transaction ``binding`` identifies.
+
+    ``<tenant>.<key id>.<hex HMAC-SHA256(key, "v1.<tenant>.<binding>")>``,
+    where ``binding`` is what ``tenancy_context_binding()`` returned inside
+    that transaction (the server process and the transaction's start). The
+    database's ``tenancy_verified_tenant()`` recomputes it; a token is
+    worthless in any other transaction.
+    """
+    tenant = str(validate_tenant_id(tenant_id))
+    mac = hmac.new(key.secret, f"v1.{tenant}.{binding}".encode(), hashlib.sha256).hexdigest()
+    return f"{tenant}.{key.key_id}.{mac}"
+
+
+def read_binding(connection: Any) -> str:
+    """The current transaction's binding (one round trip; the transaction must be open)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT tenancy_context_binding()")
+        return str(cursor.fetchone()[0])
+
+
+def _set(connection: Any, tenant_id: int | None, *, fresh: bool = False) -> None:
     # SET LOCAL, not set_config(): Citus forwards SET LOCAL to its workers, and
     # SET takes no bind parameters, so the value is a validated integer literal.
     value = "" if tenant_id is None else str(validate_tenant_id(tenant_id))
+    key = tenancy_settings.VERIFIED_CONTEXT
+    if key is None:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SET LOCAL {GUC} = '{value}'")
+        return
+    # The verified mode: the token, bound to this transaction, is what the
+    # policies trust; app.tenant_id is still set, for code that reads it. The
+    # token is digits, a key id ([A-Za-z0-9_-]) and hex: a safe literal.
+    if fresh or connection not in _bindings:
+        _bindings[connection] = read_binding(connection)
+    token = "" if tenant_id is None else mint_token(key, tenant_id, _bindings[connection])
     with connection.cursor() as cursor:
-        cursor.execute(f"SET LOCAL {GUC} = '{value}'")
+        cursor.execute(f"SET LOCAL {GUC} = '{value}'; SET LOCAL {TOKEN_GUC} = '{token}'")
 
 
 @contextmanager
@@ -92,7 +136,9 @@ def tenant_context(tenant_id: int, *, using: str | None = None) -> Iterator[int]
         previous = stack[-1] if stack else None
         switch = previous != tenant_id
         if switch:
-            _set(connection, tenant_id)
+            # The first context of a transaction reads its binding afresh;
+            # contexts inside it share that transaction, and the binding.
+            _set(connection, tenant_id, fresh=not stack)
         stack.append(tenant_id)
         try:
             yield tenant_id

@@ -140,6 +140,12 @@ TENANCY = {
     "SYSTEM_DATABASE": "system",
 }
 
+#: DIO_VERIFIED_CONTEXT=1 (``make test-verified``): the verified tenant context,
+#: with this key installed and the mode turned on by the harness (tests/dbsetup.py).
+VERIFIED_CONTEXT_KEY = {"KEY_ID": "tests-1", "KEY": "tests-only-verified-context-key-0123456789"}
+if os.environ.get("DIO_VERIFIED_CONTEXT"):
+    TENANCY["VERIFIED_CONTEXT"] = VERIFIED_CONTEXT_KEY
+
 # The reaper's pause between batches is tested on its own (test_reaper.py).
 IDEMPOTENCY: dict = {"REAP_PAUSE": 0}
 
