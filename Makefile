@@ -7,6 +7,8 @@
 #                           tests marked direct_sessions are skipped there, with their reason
 #   make test-app-alias     the same suites with the aliases named other than "default"
 #                           (tests/settings_app_alias.py: nothing may assume "default")
+#   make test-verified      the same suites in the verified tenant context (DIO_VERIFIED_CONTEXT=1:
+#                           the key installed and the mode on, docs/roles.md)
 #   make dist               sdist and wheel into dist/, twine check, and a check of the
 #                           wheel's contents (every sql/*.sql and py.typed; no tests)
 #   make bench-idempotency  DRF endpoint with and without the mixin, side by side
@@ -51,6 +53,13 @@ test-pooled: $(STAMP)
 .PHONY: test-app-alias
 test-app-alias: $(STAMP)
 	@DJANGO_SETTINGS_MODULE=tests.settings_app_alias \
+		scripts/services run pg redis -- $(BIN)/python -m pytest tests/tenancy tests/idempotency tests/outbox $(PYTEST_ARGS)
+
+# The tenancy, idempotency and outbox suites again, with the database in the verified
+# tenant context and the web side minting tokens (tests/settings.py, tests/dbsetup.py).
+.PHONY: test-verified
+test-verified: $(STAMP)
+	@DIO_VERIFIED_CONTEXT=1 \
 		scripts/services run pg redis -- $(BIN)/python -m pytest tests/tenancy tests/idempotency tests/outbox $(PYTEST_ARGS)
 
 bench-idempotency: $(STAMP)

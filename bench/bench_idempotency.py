@@ -7,9 +7,12 @@ gunicorn (several sync workers) driven by wrk over keep-alive connections:
 - plain:  POST /tenant-orders/  the create, under tenant_context, no mixin
 - first:  POST /orders/         the same create, a new Idempotency-Key each time
 - replay: POST /orders/         a key that has already been answered
+- verified first: POST /orders/ a new key, on a second server whose database
+  is in the verified tenant context (docs/roles.md), with its own database
 
-It prints requests/s for each (the median over rounds) and the two ratios
-that DESIGN.md sets targets for: first/plain >= 0.90 and replay/plain >= 1.5.
+It prints requests/s for each (the median over rounds) and the ratios that
+DESIGN.md and docs/roles.md set targets for: first/plain >= 0.90, replay/plain
+>= 1.5, and verified first/first >= 0.95.
 """
 
 from __future__ import annotations
@@ -96,7 +99,31 @@ def setup_database() -> None:
     recreate_database()
 
 
-def start_server(port: int, workers: int) -> subprocess.Popen[bytes]:
+VERIFIED_DB_SUFFIX = "_verified"
+
+
+def setup_verified_database() -> None:
+    """The same database under another name, with the verified mode on (in a subprocess:
+    the settings read the database's name and the mode from the environment)."""
+    subprocess.run(
+        [sys.executable, "-c", "import django; django.setup();"
+         " from tests.dbsetup import recreate_database; recreate_database()"],
+        cwd=ROOT, check=True, env=verified_env(),
+    )
+
+
+def verified_env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "DIO_TEST_DB": os.environ["DIO_TEST_DB"] + VERIFIED_DB_SUFFIX,
+        "DIO_VERIFIED_CONTEXT": "1",
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+    }
+
+
+def start_server(
+    port: int, workers: int, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -115,7 +142,7 @@ def start_server(port: int, workers: int) -> subprocess.Popen[bytes]:
             "60",
         ],
         cwd=ROOT,
-        env={**os.environ},
+        env=env or {**os.environ},
     )
     import requests
 
@@ -173,11 +200,15 @@ def main() -> None:
     os.environ.setdefault("DIO_TEST_DB", "dio_bench")
     os.environ.setdefault("DIO_CONN_MAX_AGE", "600")  # persistent connections, as deployed
     setup_database()
+    setup_verified_database()
     from tests.live import free_port
 
     port = free_port()
     server = start_server(port, args.workers)
+    verified_port = free_port()
+    verified_server = start_server(verified_port, args.workers, verified_env())
     base = f"http://127.0.0.1:{port}"
+    verified_base = f"http://127.0.0.1:{verified_port}"
     try:
         import requests
 
@@ -194,8 +225,9 @@ def main() -> None:
         # Warm up every worker and the database caches.
         run_wrk(wrk, base + "/tenant-orders/", LUA_COMMON, 2, args.connections, "warm")
         run_wrk(wrk, base + "/orders/", LUA_FIRST, 2, args.connections, "warm")
+        run_wrk(wrk, verified_base + "/orders/", LUA_FIRST, 2, args.connections, "warm")
 
-        results: dict[str, list[float]] = {"plain": [], "first": [], "replay": []}
+        results: dict[str, list[float]] = {"plain": [], "first": [], "replay": [], "verified": []}
         for r in range(args.rounds):
             results["plain"].append(
                 run_wrk(
@@ -213,14 +245,21 @@ def main() -> None:
             results["replay"].append(
                 run_wrk(wrk, base + "/orders/", LUA_REPLAY, args.seconds, args.connections, f"r{r}")
             )
+            results["verified"].append(
+                run_wrk(
+                    wrk, verified_base + "/orders/", LUA_FIRST, args.seconds, args.connections,
+                    f"r{r}",
+                )
+            )
             print(
                 f"round {r + 1}/{args.rounds}: "
                 + ", ".join(f"{k} {v[-1]:.0f}/s" for k, v in results.items()),
                 flush=True,
             )
     finally:
-        server.terminate()
-        server.wait(10)
+        for proc in (server, verified_server):
+            proc.terminate()
+            proc.wait(10)
 
     med = {k: statistics.median(v) for k, v in results.items()}
     print()
@@ -231,8 +270,10 @@ def main() -> None:
     print(f"  plain create (no mixin)      {med['plain']:8.0f}")
     print(f"  idempotent, first request    {med['first']:8.0f}")
     print(f"  idempotent, replay           {med['replay']:8.0f}")
+    print(f"  idempotent, first, verified  {med['verified']:8.0f}   (verified tenant context)")
     print(f"  first / plain   = {med['first'] / med['plain']:.2f}   (target >= 0.90)")
     print(f"  replay / plain  = {med['replay'] / med['plain']:.2f}   (target >= 1.50)")
+    print(f"  verified first / first = {med['verified'] / med['first']:.2f}   (target >= 0.95)")
 
 
 if __name__ == "__main__":

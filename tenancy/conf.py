@@ -16,7 +16,6 @@ from django_idempotency_outbox.conf import (
     text,
 )
 
-
 _KEY_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 #: The shortest key accepted, in bytes (HMAC-SHA256's output length).

@@ -135,7 +135,7 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,
 }
 
-TENANCY = {
+TENANCY: dict = {
     "TENANT_RESOLVER": "tests.testapp.auth.tenant_of",
     "SYSTEM_DATABASE": "system",
 }

@@ -5,7 +5,7 @@ from django_idempotency_outbox.sqlfiles import RunSQLFile
 
 class Migration(migrations.Migration):
     initial = True
-    dependencies: list[tuple[str, str]] = []
+    dependencies = []  # type: ignore[var-annotated]
 
     operations = [
         RunSQLFile(
