@@ -82,25 +82,30 @@ def read_binding(connection: Any) -> str:
     """The current transaction's binding (tenancy_context_binding(), read inside it).
 
     At the start of a transaction (Django's ``atomic()`` has turned autocommit
-    off, and psycopg has not sent its ``BEGIN`` yet), the ``BEGIN`` and this
-    query travel in one round trip, in a psycopg pipeline: the verified mode
-    then costs no round trip more than the plain one. The query goes to the
-    driver directly there, so Django's execute wrappers do not see it.
+    off, and psycopg has not sent its ``BEGIN`` yet), psycopg's ``BEGIN`` and
+    this query go out as one simple-protocol message, so the verified mode
+    costs no round trip more than the plain one. psycopg reads the
+    transaction's state from libpq, so it sends no second ``BEGIN``; the
+    message goes to libpq directly, so Django's execute wrappers do not see it
+    (tests/tenancy/test_verified.py pins this on the wire).
     """
     connection.ensure_connection()
     raw = connection.connection
     if (
         not connection.get_autocommit()
         and raw.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-        and psycopg.Pipeline.is_supported()
     ):
-        with raw.pipeline(), psycopg.Cursor(raw) as cursor:
-            cursor.execute(_BINDING, prepare=False)
-            row = cursor.fetchone()
-    else:
-        with connection.cursor() as cursor:
-            cursor.execute(_BINDING)
-            row = cursor.fetchone()
+        begin = raw._get_tx_start_command()  # what psycopg would send, isolation level included
+        with connection.wrap_database_errors, raw.lock:
+            result = raw.pgconn.exec_(begin + b"; " + _BINDING.encode())
+            if result.status != psycopg.pq.ExecStatus.TUPLES_OK:
+                raise psycopg.errors.error_from_result(result, encoding=raw.info.encoding)
+        value = result.get_value(0, 0)
+        assert value is not None  # pg_backend_pid() and the start time are never NULL
+        return value.decode()
+    with connection.cursor() as cursor:
+        cursor.execute(_BINDING)
+        row = cursor.fetchone()
     assert row is not None  # a SELECT of one function: one row
     return str(row[0])
 
