@@ -8,6 +8,7 @@ import threading
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -75,11 +76,21 @@ def mint_token(key: ContextKey, tenant_id: int, binding: str) -> str:
     return f"{tenant}.{key.key_id}.{mac}"
 
 
-_BINDING = "SELECT tenancy_context_binding()"
+#: The binding, as tenancy_context_binding() computes it, read with names that
+#: no search_path can redirect (injected SQL may set one for the session):
+#: pg_catalog's functions, qualified (EXTRACT is always pg_catalog's), no operator.
+_BINDING = (
+    "SELECT pg_catalog.pg_backend_pid(), EXTRACT(epoch FROM pg_catalog.transaction_timestamp())"
+)
+
+
+def _binding(pid: Any, epoch: Any) -> str:
+    # epoch is numeric with six decimals: exact in Decimal, as in the SQL function
+    return f"{int(pid)}.{int(Decimal(str(epoch)) * 1_000_000)}"
 
 
 def read_binding(connection: Any) -> str:
-    """The current transaction's binding (tenancy_context_binding(), read inside it).
+    """The current transaction's binding: what tenancy_context_binding() returns inside it.
 
     At the start of a transaction (Django's ``atomic()`` has turned autocommit
     off, and psycopg has not sent its ``BEGIN`` yet), psycopg's ``BEGIN`` and
@@ -100,14 +111,14 @@ def read_binding(connection: Any) -> str:
             result = raw.pgconn.exec_(begin + b"; " + _BINDING.encode())
             if result.status != psycopg.pq.ExecStatus.TUPLES_OK:
                 raise psycopg.errors.error_from_result(result, encoding=raw.info.encoding)
-        value = result.get_value(0, 0)
-        assert value is not None  # pg_backend_pid() and the start time are never NULL
-        return value.decode()
+        pid, epoch = result.get_value(0, 0), result.get_value(0, 1)
+        assert pid is not None and epoch is not None  # never NULL
+        return _binding(pid.decode(), epoch.decode())
     with connection.cursor() as cursor:
         cursor.execute(_BINDING)
         row = cursor.fetchone()
-    assert row is not None  # a SELECT of one function: one row
-    return str(row[0])
+    assert row is not None  # one row
+    return _binding(*row)
 
 
 def _set(connection: Any, tenant_id: int | None, *, fresh: bool = False) -> None:

@@ -25,7 +25,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connections
 
-from tenancy import tenant_context
+from tenancy import context, tenant_context
 from tenancy.conf import ContextKey, tenancy_settings
 from tenancy.context import mint_token
 from tenancy.verified import database_mode
@@ -61,12 +61,13 @@ def _verified_mode(django_db_setup, django_db_blocker):
         owner_command("add-key")
         if WEAKEN != "plain":
             owner_command("enable")
-        if WEAKEN == "binding":
+        if WEAKEN == "binding":  # the same constant on both sides
             with connections["owner"].cursor() as cursor:
                 cursor.execute(
                     "CREATE OR REPLACE FUNCTION tenancy_context_binding() RETURNS text"
                     " LANGUAGE sql STABLE AS $$ SELECT 'any transaction' $$"
                 )
+            context.read_binding = lambda connection: "any transaction"
         try:
             yield
         finally:
@@ -128,6 +129,22 @@ def test_nested_contexts_switch_and_restore_the_verified_tenant(orders):
         with tenant_context(B):
             assert set(Order.objects.values_list("sku", flat=True)) == {"b-1"}
         assert set(Order.objects.values_list("sku", flat=True)) == {"a-1"}
+
+
+def test_the_web_process_reads_the_binding_the_verifier_computes():
+    from django.db import transaction
+
+    from tenancy.context import read_binding
+
+    for use_cursor in (False, True):  # with BEGIN in one message, and inside a transaction
+        with transaction.atomic(using="default"):
+            if use_cursor:
+                with app_connection().cursor() as cursor:
+                    cursor.execute("SELECT 1")
+            client = read_binding(app_connection())
+            with app_connection().cursor() as cursor:
+                cursor.execute("SELECT tenancy_context_binding()")
+                assert client == cursor.fetchone()[0]
 
 
 def test_a_token_minted_for_this_transaction_is_accepted(orders):
@@ -238,6 +255,51 @@ def test_a_token_of_another_session_is_refused_even_in_the_same_instant(orders):
             assert skus(attacker.cursor()) == set()
 
 
+@attack
+def test_a_function_injected_to_shadow_the_binding_cannot_aim_a_token_at_another_session(
+    orders,
+):
+    """The web process reads the binding with names no session setting can redirect.
+
+    Where the app role may create functions in some schema (PostgreSQL 14 and
+    older let every role create in ``public``), injected SQL could shadow
+    ``tenancy_context_binding()`` on its connection with one returning the
+    binding of a transaction it keeps open elsewhere, and wait for another
+    tenant's request on that connection to mint a token for it.
+    """
+    app_role = django_settings.DATABASES["default"]["USER"]
+    with connections["owner"].cursor() as cursor:
+        cursor.execute("DROP SCHEMA IF EXISTS app_writable CASCADE; CREATE SCHEMA app_writable")
+        cursor.execute(f"GRANT USAGE, CREATE ON SCHEMA app_writable TO {app_role}")
+    connections["owner"].close()
+    web = app_connection()
+    try:
+        with connect(autocommit=True) as attacker, attacker.transaction():
+            set_token(attacker, valid_token_for(attacker, A))  # its own request, tenant A
+            aim = attacker.execute("SELECT tenancy_context_binding()").fetchone()[0]
+            with web.cursor() as cursor:  # injected earlier on the web connection
+                cursor.execute(
+                    "CREATE FUNCTION app_writable.tenancy_context_binding() RETURNS text"
+                    f" LANGUAGE sql STABLE AS $$ SELECT '{aim}' $$"
+                )
+                cursor.execute("SET search_path = app_writable, public")
+                cursor.execute("SELECT pg_backend_pid()")
+                web_pid = cursor.fetchone()[0]
+            with tenant_context(B):  # tenant B's request lands on that connection
+                query = attacker.execute(
+                    "SELECT query FROM pg_stat_activity WHERE pid = %s", [web_pid]
+                ).fetchone()[0]
+                captured = query.split("app.tenant_token = '")[1].split("'")[0]
+                assert captured.startswith(f"{B}.")
+                inject(attacker, captured)
+                assert skus(attacker.cursor()) == set()
+    finally:
+        web.close()
+        with connections["owner"].cursor() as cursor:
+            cursor.execute("DROP SCHEMA app_writable CASCADE")
+        connections["owner"].close()
+
+
 # --- what the app role cannot do to the mode or the keys ---------------------------
 
 
@@ -318,7 +380,10 @@ def test_enable_refuses_a_key_the_database_does_not_have():
 
 
 def check_ids() -> set[str]:
-    return {m.id for m in checks.run_checks(databases=["default", "system"])
+    # tenancy's checks only: the outbox's import the Celery tasks, which its own tests count
+    from tenancy.checks import check_database_roles
+
+    return {m.id for m in check_database_roles(databases=["default", "system"])
             if m.level >= checks.ERROR}
 
 
@@ -367,11 +432,13 @@ def test_the_checks_refuse_a_table_whose_policy_still_trusts_the_setting():
 
 
 def test_a_malformed_setting_is_a_check_error_naming_the_key(settings):
+    from tenancy.checks import check_settings
+
     for bad in ({"KEY_ID": "ok"}, {"KEY_ID": "no spaces", "KEY": "k" * 40},
                 {"KEY_ID": "ok", "KEY": "short"}, "a string", {"KEY_ID": "ok", "KEY": "k" * 40,
                                                                 "EXTRA": 1}):
         settings.TENANCY = {**settings.TENANCY, "VERIFIED_CONTEXT": bad}
-        messages = [m for m in checks.run_checks() if m.id == "tenancy.E007"]
+        messages = [m for m in check_settings() if m.id == "tenancy.E007"]
         assert messages and 'TENANCY["VERIFIED_CONTEXT"]' in messages[0].msg, bad
 
 
@@ -401,7 +468,7 @@ def test_every_attack_succeeds_when_the_policies_trust_the_plain_setting(tmp_pat
     if WEAKEN:
         pytest.skip("already a sensitivity run")
     outcomes = run_attacks_weakened(tmp_path, "plain")
-    assert len(outcomes) == 5
+    assert len(outcomes) == 6
     assert sorted(name for name, failed in outcomes.items() if not failed) == []
 
 
@@ -414,6 +481,9 @@ def test_replay_and_capture_succeed_when_the_verifier_ignores_the_transaction(tm
     assert outcomes["test_a_token_replayed_in_a_later_transaction_of_the_same_backend_is_refused"]
     assert outcomes["test_a_token_read_from_another_sessions_pg_stat_activity_is_refused"]
     assert outcomes["test_a_token_of_another_session_is_refused_even_in_the_same_instant"]
+    assert outcomes[
+        "test_a_function_injected_to_shadow_the_binding_cannot_aim_a_token_at_another_session"
+    ]
 
 
 # --- round trips ---------------------------------------------------------------------
@@ -435,6 +505,8 @@ def test_begin_and_the_binding_travel_in_one_round_trip():
         assert core.execute(request(), handler, lambda r: r).outcome is core.Outcome.EXECUTED
     sent = traced.round_trips()  # one simple-protocol Query message per round trip
     begin, lookup, order, store = sent
-    assert begin == "BEGIN; SELECT tenancy_context_binding()", sent
-    assert lookup.startswith("SET LOCAL app.tenant_id = '1'; SET LOCAL app.tenant_token = '1."), sent
+    assert begin.startswith("BEGIN; SELECT pg_catalog.pg_backend_pid(), EXTRACT(epoch"), sent
+    assert lookup.startswith(
+        "SET LOCAL app.tenant_id = '1'; SET LOCAL app.tenant_token = '1."
+    ), sent
     assert order.startswith('INSERT INTO "testapp_order"') and store.endswith("; COMMIT"), sent
