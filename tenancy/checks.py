@@ -214,7 +214,7 @@ def _check_verified_context(alias: str, facts: dict[str, Any]) -> Iterable[check
                 'TENANCY["VERIFIED_CONTEXT"] is set, but tenancy\'s migration has not run on '
                 f"{alias!r}.",
                 hint="Run manage.py migrate as the owner.",
-                id="tenancy.E017",
+                id="tenancy.E022",
             )
         return
     if key is not None and mode == "plain":
@@ -223,7 +223,7 @@ def _check_verified_context(alias: str, facts: dict[str, Any]) -> Iterable[check
             "policies trust app.tenant_id, which injected SQL can set to any tenant.",
             hint="As the owner: manage.py verified_context add-key, then "
             "manage.py verified_context enable (docs/roles.md).",
-            id="tenancy.E017",
+            id="tenancy.E022",
         )
     if key is None and mode == "verified":
         yield checks.Error(
@@ -231,7 +231,7 @@ def _check_verified_context(alias: str, facts: dict[str, Any]) -> Iterable[check
             "set: no request gets a token, so every query sees no tenant's rows.",
             hint='Set TENANCY["VERIFIED_CONTEXT"] to an installed key, or as the owner: '
             "manage.py verified_context disable.",
-            id="tenancy.E018",
+            id="tenancy.E023",
         )
     if key is not None and mode == "verified" and not verified.accepts(alias, key):
         yield checks.Error(
@@ -239,7 +239,7 @@ def _check_verified_context(alias: str, facts: dict[str, Any]) -> Iterable[check
             f"key {key.key_id!r} (not installed, or installed with another secret): every "
             "query sees no tenant's rows.",
             hint="As the owner: manage.py verified_context add-key (docs/roles.md).",
-            id="tenancy.E019",
+            id="tenancy.E024",
         )
     if mode == "verified":
         for table, fact in sorted(facts.items()):
@@ -249,7 +249,7 @@ def _check_verified_context(alias: str, facts: dict[str, Any]) -> Iterable[check
                     "verified mode, injected SQL can still set that to any tenant.",
                     hint="Compare tenant_id with (SELECT tenancy_current_tenant()) in its USING "
                     "and WITH CHECK (docs/roles.md).",
-                    id="tenancy.E020",
+                    id="tenancy.E025",
                 )
         with connections[alias].cursor() as cursor:
             cursor.execute("SELECT has_table_privilege('tenancy_context_keys', 'SELECT')")
@@ -263,7 +263,7 @@ def _check_verified_context(alias: str, facts: dict[str, Any]) -> Iterable[check
                 "(tenancy_context_keys): injected SQL could sign any tenant's token.",
                 hint="Keep row-level security on tenancy_context_keys enabled and never grant "
                 "it BYPASSRLS (docs/roles.md).",
-                id="tenancy.E021",
+                id="tenancy.E026",
             )
 
 

@@ -399,14 +399,14 @@ def test_the_checks_refuse_settings_and_database_that_disagree():
     original = django_settings.TENANCY
     try:
         django_settings.TENANCY = {k: v for k, v in original.items() if k != "VERIFIED_CONTEXT"}
-        assert "tenancy.E018" in check_ids()  # database verified, settings plain
+        assert "tenancy.E023" in check_ids()  # database verified, settings plain
         django_settings.TENANCY = {
             **original, "VERIFIED_CONTEXT": {"KEY_ID": "tests-1", "KEY": "z" * 40}
         }
-        assert "tenancy.E019" in check_ids()  # a key the database does not accept
+        assert "tenancy.E024" in check_ids()  # a key the database does not accept
         django_settings.TENANCY = original
         owner_command("disable")
-        assert "tenancy.E017" in check_ids()  # settings verified, database plain
+        assert "tenancy.E022" in check_ids()  # settings verified, database plain
     finally:
         django_settings.TENANCY = original
         owner_command("enable")
@@ -421,14 +421,14 @@ def test_the_checks_refuse_a_table_whose_policy_still_trusts_the_setting():
     with connections["owner"].cursor() as cursor:
         cursor.execute(f"{policy} USING (tenant_id = {plain}) WITH CHECK (tenant_id = {plain})")
     try:
-        assert "tenancy.E020" in check_ids()
+        assert "tenancy.E025" in check_ids()
     finally:
         with connections["owner"].cursor() as cursor:
             cursor.execute(
                 f"{policy} USING (tenant_id = {verified}) WITH CHECK (tenant_id = {verified})"
             )
         connections["owner"].close()
-    assert "tenancy.E020" not in check_ids()
+    assert "tenancy.E025" not in check_ids()
 
 
 def test_a_malformed_setting_is_a_check_error_naming_the_key(settings):
