@@ -9,6 +9,8 @@
 #                           (tests/settings_app_alias.py: nothing may assume "default")
 #   make test-matrix        tox: the upstream-pinning tests and the contract on the oldest
 #                           and newest allowed Django, DRF, psycopg, Celery/kombu (tox.ini)
+#   make test-verified      the same suites in the verified tenant context (DIO_VERIFIED_CONTEXT=1:
+#                           the key installed and the mode on, docs/roles.md)
 #   make dist               sdist and wheel into dist/, twine check, and a check of the
 #                           wheel's contents (every sql/*.sql and py.typed; no tests)
 #   make bench-idempotency  DRF endpoint with and without the mixin, side by side
@@ -75,6 +77,12 @@ test-matrix: $(TOX_STAMP)
 $(TOX_STAMP): $(STAMP)
 	@$(BIN)/python -m pip install -q --disable-pip-version-check --group tox
 	@touch $(TOX_STAMP)
+# The tenancy, idempotency and outbox suites again, with the database in the verified
+# tenant context and the web side minting tokens (tests/settings.py, tests/dbsetup.py).
+.PHONY: test-verified
+test-verified: $(STAMP)
+	@DIO_VERIFIED_CONTEXT=1 \
+		scripts/services run pg redis -- $(BIN)/python -m pytest tests/tenancy tests/idempotency tests/outbox $(PYTEST_ARGS)
 
 bench-idempotency: $(STAMP)
 	@scripts/services run pg -- $(BIN)/python bench/bench_idempotency.py $(BENCH_ARGS)

@@ -12,10 +12,13 @@ gunicorn (several sync workers) driven by wrk over keep-alive connections:
                                 a plain endpoint costs an RLS user)
 - first:  POST /orders/         the idempotent create, a new Idempotency-Key each time
 - replay: POST /orders/         a key that has already been answered
+- verified first: POST /orders/ a new key, on a second server whose database
+  is in the verified tenant context (docs/roles.md), with its own database
 
 It prints requests/s for each (the median over rounds, with the range) and the
-four ratios; DESIGN.md's targets hold against the autocommit baseline:
-first/plain >= 0.90 and replay/plain >= 1.5.
+ratios; DESIGN.md's targets hold against the autocommit baseline
+(first/plain >= 0.90 and replay/plain >= 1.5), docs/roles.md's for the
+verified context against the plain one (verified/first >= 0.95).
 """
 
 from __future__ import annotations
@@ -103,7 +106,31 @@ def setup_database() -> None:
     recreate_database()
 
 
-def start_server(port: int, workers: int) -> subprocess.Popen[bytes]:
+VERIFIED_DB_SUFFIX = "_verified"
+
+
+def setup_verified_database() -> None:
+    """The same database under another name, with the verified mode on (in a subprocess:
+    the settings read the database's name and the mode from the environment)."""
+    subprocess.run(
+        [sys.executable, "-c", "import django; django.setup();"
+         " from tests.dbsetup import recreate_database; recreate_database()"],
+        cwd=ROOT, check=True, env=verified_env(),
+    )
+
+
+def verified_env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "DIO_TEST_DB": os.environ["DIO_TEST_DB"] + VERIFIED_DB_SUFFIX,
+        "DIO_VERIFIED_CONTEXT": "1",
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+    }
+
+
+def start_server(
+    port: int, workers: int, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -122,7 +149,7 @@ def start_server(port: int, workers: int) -> subprocess.Popen[bytes]:
             "60",
         ],
         cwd=ROOT,
-        env={**os.environ},
+        env=env or {**os.environ},
     )
     import requests
 
@@ -233,11 +260,12 @@ def run_wrk(
 
 
 WORKLOADS = {
-    # name: (path, wrk script, label)
-    "plain": ("/plain-orders/", LUA_COMMON, "plain create, autocommit, no RLS"),
-    "tenant": ("/tenant-orders/", LUA_COMMON, "plain create in tenant_context"),
-    "first": ("/orders/", LUA_FIRST, "idempotent, first request"),
-    "replay": ("/orders/", LUA_REPLAY, "idempotent, replay"),
+    # name: (path, wrk script, label, server)
+    "plain": ("/plain-orders/", LUA_COMMON, "plain create, autocommit, no RLS", "plain"),
+    "tenant": ("/tenant-orders/", LUA_COMMON, "plain create in tenant_context", "plain"),
+    "first": ("/orders/", LUA_FIRST, "idempotent, first request", "plain"),
+    "replay": ("/orders/", LUA_REPLAY, "idempotent, replay", "plain"),
+    "verified": ("/orders/", LUA_FIRST, "idempotent, first, verified context", "verified"),
 }
 
 RATIOS = [
@@ -246,6 +274,7 @@ RATIOS = [
     ("replay", "plain", 1.50),
     ("first", "tenant", None),
     ("replay", "tenant", None),
+    ("verified", "first", 0.95),
 ]
 
 
@@ -268,11 +297,16 @@ def main() -> None:
     os.environ.setdefault("DIO_TEST_DB", "dio_bench")
     os.environ.setdefault("DIO_CONN_MAX_AGE", "600")  # persistent connections, as deployed
     setup_database()
+    setup_verified_database()
     from tests.live import free_port
 
     port = free_port()
     server = start_server(port, args.workers)
+    verified_port = free_port()
+    verified_server = start_server(verified_port, args.workers, verified_env())
     base = f"http://127.0.0.1:{port}"
+    verified_base = f"http://127.0.0.1:{verified_port}"
+    bases = {"plain": (base, server), "verified": (verified_base, verified_server)}
     loads = [load_average()]
     try:
         import requests
@@ -288,8 +322,8 @@ def main() -> None:
         )
         assert first.status_code == 201, first.text
         # Warm up every worker and the database caches.
-        for path, script, _ in WORKLOADS.values():
-            run_wrk(wrk, base + path, script, 2, args.connections, "warm")
+        for path, script, _, where in WORKLOADS.values():
+            run_wrk(wrk, bases[where][0] + path, script, 2, args.connections, "warm")
 
         postmaster = postmaster_pid()
         runs: dict[str, list[Run]] = {name: [] for name in WORKLOADS}
@@ -299,11 +333,12 @@ def main() -> None:
             names = list(WORKLOADS)
             names = names[r % len(names):] + names[: r % len(names)]
             for name in names:
-                path, script, _ = WORKLOADS[name]
+                path, script, _, where = WORKLOADS[name]
+                url, proc = bases[where]
                 runs[name].append(
                     run_wrk(
-                        wrk, base + path, script, args.seconds, args.connections, f"r{r}",
-                        server.pid, postmaster,
+                        wrk, url + path, script, args.seconds, args.connections, f"r{r}",
+                        proc.pid, postmaster,
                     )
                 )
             loads.append(load_average())
@@ -313,8 +348,9 @@ def main() -> None:
                 flush=True,
             )
     finally:
-        server.terminate()
-        server.wait(10)
+        for proc in (server, verified_server):
+            proc.terminate()
+            proc.wait(10)
 
     results = {k: [run.rate for run in v] for k, v in runs.items()}
     med = {k: statistics.median(v) for k, v in results.items()}
@@ -324,10 +360,10 @@ def main() -> None:
         f"{args.rounds} rounds x {args.seconds} s, median requests/s (min-max); "
         f"load average {loads[0]} at the start, {loads[-1]} at the end"
     )
-    for name, (path, _, label) in WORKLOADS.items():
+    for name, (path, _, label, _where) in WORKLOADS.items():
         values = results[name]
         print(
-            f"  {name:<7} {label:<36} {path:<16} {med[name]:8.0f}"
+            f"  {name:<8} {label:<36} {path:<16} {med[name]:8.0f}"
             f"   ({min(values):.0f}-{max(values):.0f})"
         )
     # CPU per request does not depend on how much CPU the server got: steadier
@@ -338,7 +374,7 @@ def main() -> None:
             web = statistics.median(run.web_ms for run in v)  # type: ignore[type-var]
             db = [run.db_ms for run in v if run.db_ms is not None]
             dbm = statistics.median(db) if db else float("nan")
-            print(f"  {name:<7} {web:6.2f} + {dbm:5.2f} = {web + dbm:5.2f}")
+            print(f"  {name:<8} {web:6.2f} + {dbm:5.2f} = {web + dbm:5.2f}")
     for top, bottom, target in RATIOS:
         per_round = [a / b for a, b in zip(results[top], results[bottom], strict=True)]
         line = (

@@ -33,6 +33,7 @@ from django.db.models import BooleanField, Count, ExpressionWrapper, Q, Window
 from django.db.models.functions import Coalesce, Now
 
 from idempotency.models import IdempotencyKey
+from tenancy.conf import tenancy_settings
 from tenancy.context import set_tenant_sql
 
 if TYPE_CHECKING:
@@ -269,10 +270,14 @@ def peek(alias: str, request: IdempotentRequest) -> KeyLookup | None:
     no COMMIT. Only outside a transaction (in one, the ``SET LOCAL`` would
     outlive the lookup) and on a cursor that binds on the client (the only
     kind that sends several statements in one message); otherwise None, and
-    the caller looks the key up in its transaction.
+    the caller looks the key up in its transaction. None too in the verified
+    tenant context: its token is bound to a transaction's start, which a
+    message cannot know before it runs.
     """
     connection = connections[alias]
     if connection.in_atomic_block or not connection.get_autocommit():
+        return None
+    if tenancy_settings.VERIFIED_CONTEXT is not None:
         return None
     with connection.cursor() as cursor:
         if not isinstance(cursor.cursor, psycopg.ClientCursor):

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core import checks
-from django.db import DatabaseError, router
+from django.db import DatabaseError, connections, router
 
 from django_idempotency_outbox.conf import registered
 from django_idempotency_outbox.errors import ConfigurationError
@@ -294,6 +294,72 @@ def _check_app_alias(alias: str, tables: list[str]) -> Iterable[checks.CheckMess
                 id="tenancy.E013",
             )
         yield from _check_table_rls(fact)
+    yield from _check_verified_context(alias, facts)
+
+
+def _check_verified_context(alias: str, facts: dict[str, Any]) -> Iterable[checks.CheckMessage]:
+    """Do the settings and the database agree on the verified tenant context?"""
+    from tenancy import verified
+
+    key = tenancy_settings.VERIFIED_CONTEXT
+    mode = verified.database_mode(alias)
+    if mode is None:
+        if key is not None:
+            yield checks.Error(
+                'TENANCY["VERIFIED_CONTEXT"] is set, but tenancy\'s migration has not run on '
+                f"{alias!r}.",
+                hint="Run manage.py migrate as the owner.",
+                id="tenancy.E022",
+            )
+        return
+    if key is not None and mode == "plain":
+        yield checks.Error(
+            'TENANCY["VERIFIED_CONTEXT"] is set, but the database is in the plain mode: its '
+            "policies trust app.tenant_id, which injected SQL can set to any tenant.",
+            hint="As the owner: manage.py verified_context add-key, then "
+            "manage.py verified_context enable (docs/roles.md).",
+            id="tenancy.E022",
+        )
+    if key is None and mode == "verified":
+        yield checks.Error(
+            "The database is in the verified mode, but TENANCY[\"VERIFIED_CONTEXT\"] is not "
+            "set: no request gets a token, so every query sees no tenant's rows.",
+            hint='Set TENANCY["VERIFIED_CONTEXT"] to an installed key, or as the owner: '
+            "manage.py verified_context disable.",
+            id="tenancy.E023",
+        )
+    if key is not None and mode == "verified" and not verified.accepts(alias, key):
+        yield checks.Error(
+            f'The database does not accept tokens signed with TENANCY["VERIFIED_CONTEXT"]\'s '
+            f"key {key.key_id!r} (not installed, or installed with another secret): every "
+            "query sees no tenant's rows.",
+            hint="As the owner: manage.py verified_context add-key (docs/roles.md).",
+            id="tenancy.E024",
+        )
+    if mode == "verified":
+        for table, fact in sorted(facts.items()):
+            if fact.setting_policies:
+                yield checks.Error(
+                    f"Table {table} has a policy that reads app.tenant_id itself: in the "
+                    "verified mode, injected SQL can still set that to any tenant.",
+                    hint="Compare tenant_id with (SELECT tenancy_current_tenant()) in its USING "
+                    "and WITH CHECK (docs/roles.md).",
+                    id="tenancy.E025",
+                )
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SELECT has_table_privilege('tenancy_context_keys', 'SELECT')")
+            readable = 0
+            if cursor.fetchone()[0]:
+                cursor.execute("SELECT count(*) FROM tenancy_context_keys")
+                readable = cursor.fetchone()[0]
+        if readable:
+            yield checks.Error(
+                f"Database {alias!r} can read the keys of the verified tenant context "
+                "(tenancy_context_keys): injected SQL could sign any tenant's token.",
+                hint="Keep row-level security on tenancy_context_keys enabled and never grant "
+                "it BYPASSRLS (docs/roles.md).",
+                id="tenancy.E026",
+            )
 
 
 def _check_table_rls(fact: Any) -> Iterable[checks.CheckMessage]:

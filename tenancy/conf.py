@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
+from dataclasses import dataclass, field
 from typing import Any
 
 from django_idempotency_outbox.conf import (
@@ -14,6 +17,52 @@ from django_idempotency_outbox.conf import (
     text,
     text_mapping,
 )
+
+_KEY_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+#: The shortest key accepted, in bytes (HMAC-SHA256's output length).
+MIN_KEY_BYTES = 32
+
+
+@dataclass(frozen=True)
+class ContextKey:
+    """The key that the web process signs tenant tokens with (``TENANCY["VERIFIED_CONTEXT"]``)."""
+
+    key_id: str
+    secret: bytes = field(repr=False)
+
+    def pads(self) -> tuple[bytes, bytes]:
+        """HMAC-SHA256's inner and outer padded keys, as the database keeps them."""
+        key = self.secret if len(self.secret) <= 64 else hashlib.sha256(self.secret).digest()
+        key = key.ljust(64, b"\0")
+        return bytes(b ^ 0x36 for b in key), bytes(b ^ 0x5C for b in key)
+
+
+def verified_context(value: Any, label: str) -> ContextKey | None:
+    """None (plain mode), or ``{"KEY_ID": str, "KEY": str}``: the signing key."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise TypeError(f'{label} must be None or a dict {{"KEY_ID": ..., "KEY": ...}}, not a '
+                        f"{type(value).__name__}")
+    unknown = sorted(set(value) - {"KEY_ID", "KEY"})
+    if unknown:
+        raise ValueError(f"{label} has unknown keys {unknown}; it takes KEY_ID and KEY")
+    key_id, secret = value.get("KEY_ID"), value.get("KEY")
+    if not isinstance(key_id, str) or not _KEY_ID.fullmatch(key_id):
+        raise ValueError(
+            f'{label}["KEY_ID"] must be 1 to 64 letters, digits, "-" or "_", not {key_id!r}'
+        )
+    if not isinstance(secret, str | bytes):
+        raise TypeError(f'{label}["KEY"] must be a string (the secret), not '
+                        f"{type(secret).__name__}")
+    raw = secret.encode() if isinstance(secret, str) else bytes(secret)
+    if len(raw) < MIN_KEY_BYTES:
+        raise ValueError(
+            f'{label}["KEY"] must be at least {MIN_KEY_BYTES} bytes long, not {len(raw)} '
+            "(python -c 'import secrets; print(secrets.token_urlsafe(48))' makes one)"
+        )
+    return ContextKey(key_id, raw)
 
 
 def role_names(value: Any, label: str) -> dict[str, str]:
@@ -49,6 +98,11 @@ class TenancySettings(AppSettings):
     #: The status of the problem answer to a request on a tenant-scoped view
     #: (or an idempotent one) whose resolver names no tenant.
     STATUS_NO_TENANT = Setting(403, http_status)
+    #: None: the policies trust the setting app.tenant_id (plain mode). A dict
+    #: {"KEY_ID": ..., "KEY": ...}: tenant_context also sets a token MACed with
+    #: this key and bound to the transaction, which the database verifies once
+    #: the owner has installed the key and turned the mode on (docs/roles.md).
+    VERIFIED_CONTEXT: Setting[ContextKey | None] = Setting(None, verified_context)
 
 
 tenancy_settings = TenancySettings()

@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import threading
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+from decimal import Decimal
 from typing import Any
 
+import psycopg
 from django.db import connections, transaction
 
 from tenancy.aliases import tenant_alias
+from tenancy.conf import ContextKey, tenancy_settings
 
 #: The PostgreSQL setting that the row-level security policies compare with.
 GUC = "app.tenant_id"
+
+#: The setting that carries the tenant's token in the verified mode
+#: (``TENANCY["VERIFIED_CONTEXT"]``, docs/roles.md).
+TOKEN_GUC = "app.tenant_token"
 
 _BIGINT_MIN = -(2**63)
 _BIGINT_MAX = 2**63 - 1
@@ -62,9 +71,85 @@ def set_tenant_sql(tenant_id: int | None) -> str:
     return f"SET LOCAL {GUC} = '{value}'"
 
 
-def _set(connection: Any, tenant_id: int | None) -> None:
+#: Per connection wrapper: what the tokens of its open contexts are bound to
+#: (the transaction's binding, read when its first context opened).
+_bindings: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+def mint_token(key: ContextKey, tenant_id: int, binding: str) -> str:
+    """The token that names ``tenant_id`` in the transaction ``binding`` identifies.
+
+    ``<tenant>.<key id>.<hex HMAC-SHA256(key, "v1.<tenant>.<binding>")>``,
+    where ``binding`` is what ``tenancy_context_binding()`` returned inside
+    that transaction (the server process and the transaction's start). The
+    database's ``tenancy_verified_tenant()`` recomputes it; a token is
+    worthless in any other transaction.
+    """
+    tenant = str(validate_tenant_id(tenant_id))
+    mac = hmac.new(key.secret, f"v1.{tenant}.{binding}".encode(), hashlib.sha256).hexdigest()
+    return f"{tenant}.{key.key_id}.{mac}"
+
+
+#: The binding, as tenancy_context_binding() computes it, read with names that
+#: no search_path can redirect (injected SQL may set one for the session):
+#: pg_catalog's functions, qualified (EXTRACT is always pg_catalog's), no operator.
+_BINDING = (
+    "SELECT pg_catalog.pg_backend_pid(), EXTRACT(epoch FROM pg_catalog.transaction_timestamp())"
+)
+
+
+def _binding(pid: Any, epoch: Any) -> str:
+    # epoch is numeric with six decimals: exact in Decimal, as in the SQL function
+    return f"{int(pid)}.{int(Decimal(str(epoch)) * 1_000_000)}"
+
+
+def read_binding(connection: Any) -> str:
+    """The current transaction's binding: what tenancy_context_binding() returns inside it.
+
+    At the start of a transaction (Django's ``atomic()`` has turned autocommit
+    off, and psycopg has not sent its ``BEGIN`` yet), psycopg's ``BEGIN`` and
+    this query go out as one simple-protocol message, so the verified mode
+    costs no round trip more than the plain one. psycopg reads the
+    transaction's state from libpq, so it sends no second ``BEGIN``; the
+    message goes to libpq directly, so Django's execute wrappers do not see it
+    (tests/tenancy/test_verified.py pins this on the wire).
+    """
+    connection.ensure_connection()
+    raw = connection.connection
+    if (
+        not connection.get_autocommit()
+        and raw.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    ):
+        begin = raw._get_tx_start_command()  # what psycopg would send, isolation level included
+        with connection.wrap_database_errors, raw.lock:
+            result = raw.pgconn.exec_(begin + b"; " + _BINDING.encode())
+            if result.status != psycopg.pq.ExecStatus.TUPLES_OK:
+                raise psycopg.errors.error_from_result(result, encoding=raw.info.encoding)
+        pid, epoch = result.get_value(0, 0), result.get_value(0, 1)
+        assert pid is not None and epoch is not None  # never NULL
+        return _binding(pid.decode(), epoch.decode())
     with connection.cursor() as cursor:
-        cursor.execute(set_tenant_sql(tenant_id))
+        cursor.execute(_BINDING)
+        row = cursor.fetchone()
+    assert row is not None  # one row
+    return _binding(*row)
+
+
+def _set(connection: Any, tenant_id: int | None, *, fresh: bool = False) -> None:
+    key = tenancy_settings.VERIFIED_CONTEXT
+    if key is None:
+        with connection.cursor() as cursor:
+            cursor.execute(set_tenant_sql(tenant_id))
+        return
+    value = "" if tenant_id is None else str(validate_tenant_id(tenant_id))
+    # The verified mode: the token, bound to this transaction, is what the
+    # policies trust; app.tenant_id is still set, for code that reads it. The
+    # token is digits, a key id ([A-Za-z0-9_-]) and hex: a safe literal.
+    if fresh or connection not in _bindings:
+        _bindings[connection] = read_binding(connection)
+    token = "" if tenant_id is None else mint_token(key, tenant_id, _bindings[connection])
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET LOCAL {GUC} = '{value}'; SET LOCAL {TOKEN_GUC} = '{token}'")
 
 
 @contextmanager
@@ -104,7 +189,9 @@ def tenant_context(tenant_id: int, *, using: str | None = None) -> Iterator[int]
         previous = stack[-1] if stack else None
         switch = previous != tenant_id
         if switch:
-            _set(connection, tenant_id)
+            # The first context of a transaction reads its binding afresh;
+            # contexts inside it share that transaction, and the binding.
+            _set(connection, tenant_id, fresh=not stack)
         stack.append(tenant_id)
         try:
             yield tenant_id

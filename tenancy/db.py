@@ -33,7 +33,8 @@ class TableFacts:
     rls_enabled: bool
     rls_forced: bool
     policies: int
-    other_policies: int  # policies that do not compare with app.tenant_id
+    other_policies: int  # policies that compare with neither app.tenant_id nor the function
+    setting_policies: int  # policies that read app.tenant_id themselves (forgeable)
     rls_active: bool
 
 
@@ -67,9 +68,14 @@ def table_facts(using: str, tables: list[str]) -> dict[str, TableFacts]:
                    (SELECT count(*) FROM pg_policy p WHERE p.polrelid = c.oid),
                    (SELECT count(*) FROM pg_policy p WHERE p.polrelid = c.oid
                        AND NOT (coalesce(pg_get_expr(p.polqual, p.polrelid), '')
-                                LIKE '%%app.tenant_id%%'
+                                ~ '(app[.]tenant_id|tenancy_current_tenant[(][)])'
                             AND coalesce(pg_get_expr(p.polwithcheck, p.polrelid),
                                          pg_get_expr(p.polqual, p.polrelid), '')
+                                ~ '(app[.]tenant_id|tenancy_current_tenant[(][)])')),
+                   (SELECT count(*) FROM pg_policy p WHERE p.polrelid = c.oid
+                       AND (coalesce(pg_get_expr(p.polqual, p.polrelid), '')
+                                LIKE '%%app.tenant_id%%'
+                            OR coalesce(pg_get_expr(p.polwithcheck, p.polrelid), '')
                                 LIKE '%%app.tenant_id%%')),
                    row_security_active(c.oid)
               FROM pg_class c

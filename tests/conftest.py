@@ -37,6 +37,14 @@ def pytest_collection_modifyitems(config, items):
     """
     from django.conf import settings
 
+    if settings.TENANCY.get("VERIFIED_CONTEXT"):
+        for item in items:
+            marker = item.get_closest_marker("plain_context")
+            if marker is not None:
+                item.add_marker(pytest.mark.skip(reason=(
+                    f"plain mode only: {marker.kwargs.get('reason', 'see the test')}"
+                    " (DIO_VERIFIED_CONTEXT sets a verified token instead)"
+                )))
     pooled = set(getattr(settings, "POOLED_ALIASES", ()))
     if not pooled:
         return

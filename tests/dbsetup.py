@@ -6,6 +6,7 @@ Used by the test harness (tests/conftest.py) and the benchmarks (bench/).
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import re
 from collections.abc import Iterator
@@ -85,4 +86,8 @@ def recreate_database(drop_policies: bool = False) -> None:
             )
             for (statement,) in cursor.fetchall():
                 cursor.execute(statement)
+    if settings.TENANCY.get("VERIFIED_CONTEXT"):
+        # What docs/roles.md tells the owner to run: install the key, turn the mode on.
+        call_command("verified_context", "add-key", database="owner", stdout=io.StringIO())
+        call_command("verified_context", "enable", database="owner", stdout=io.StringIO())
     connections["owner"].close()

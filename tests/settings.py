@@ -143,7 +143,7 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,
 }
 
-TENANCY = {
+TENANCY: dict = {
     "TENANT_RESOLVER": "tests.testapp.auth.tenant_of",
     "SYSTEM_DATABASE": "system",
     "WORKER_DATABASE": "worker",
@@ -154,6 +154,11 @@ TENANCY = {
 # Consumers' handlers write through the ORM: inside a batch the router sends
 # their queries to the worker alias, where the batch's transaction is open.
 DATABASE_ROUTERS = ["tenancy.routers.AppDatabaseRouter"]
+#: DIO_VERIFIED_CONTEXT=1 (``make test-verified``): the verified tenant context,
+#: with this key installed and the mode turned on by the harness (tests/dbsetup.py).
+VERIFIED_CONTEXT_KEY = {"KEY_ID": "tests-1", "KEY": "tests-only-verified-context-key-0123456789"}
+if os.environ.get("DIO_VERIFIED_CONTEXT"):
+    TENANCY["VERIFIED_CONTEXT"] = VERIFIED_CONTEXT_KEY
 
 # The reaper's pause between batches is tested on its own (test_reaper.py).
 IDEMPOTENCY: dict = {"REAP_PAUSE": 0}

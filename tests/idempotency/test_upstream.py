@@ -52,6 +52,9 @@ from tests.testapp.models import Order
 
 HELD = core._Coalesce.HELD
 
+# The plain mode's wire; the verified mode's is tested in tests/tenancy/test_verified.py.
+pytestmark = pytest.mark.plain_context(reason="counts the plain mode's simple-protocol messages")
+
 
 class Wire:
     """The messages Django's connections send to PostgreSQL, as libpq traces them."""

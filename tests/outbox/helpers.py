@@ -20,7 +20,7 @@ import psycopg
 from outbox import publish
 from outbox.consumers import Consumer, ensure_offsets, run_batch
 from tenancy import tenant_context
-from tests.helpers import app_atomic, observer
+from tests.helpers import app_atomic, observer, set_tenant
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,7 +51,7 @@ def raw_publish(conn: psycopg.Connection, tenant_id: int, topic: str,
     once (Django has one connection per thread).
     """
     message_id = uuid.uuid4()
-    conn.execute(f"SET LOCAL app.tenant_id = '{int(tenant_id)}'")
+    set_tenant(conn, tenant_id)
     row = conn.execute(
         "INSERT INTO outbox_messages (tenant_id, message_id, topic, key, payload)"
         " VALUES (%s, %s, %s, %s, %s::jsonb) RETURNING id",

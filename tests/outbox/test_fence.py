@@ -26,7 +26,7 @@ from outbox.status import status
 from outbox.store import read_batch
 from outbox.testing import InMemoryTransport
 from tenancy import tenant_context
-from tests.helpers import connect, observer, server_pid, superuser
+from tests.helpers import connect, observer, server_pid, set_tenant, superuser
 from tests.outbox.consumers import OrderRecorder
 from tests.outbox.helpers import (
     drain,
@@ -416,7 +416,7 @@ def test_a_role_with_insert_only_can_publish_no_grant_on_the_sequence():
         try:
             conn.execute("BEGIN")
             conn.execute("SET LOCAL ROLE dio_test_insert_only")
-            conn.execute("SET LOCAL app.tenant_id = '1'")
+            set_tenant(conn, 1)
             assert not conn.execute(
                 "SELECT has_sequence_privilege('outbox_message_ids', 'USAGE')"
                 " OR has_sequence_privilege('outbox_message_ids', 'SELECT')").fetchone()[0]

@@ -22,7 +22,7 @@ from django.db import connections
 from outbox.exceptions import RewindRefused
 from outbox.relay import Relay, rewind
 from outbox.testing import InMemoryTransport
-from tests.helpers import observer, two_connections
+from tests.helpers import observer, set_tenant, two_connections
 from tests.outbox.helpers import offset, publish_as, publish_many, wait_for
 
 A, B = 1, 2
@@ -127,7 +127,7 @@ def test_a_time_includes_messages_published_a_little_earlier_that_sort_after_it(
 
         def publish_behind_the_gate() -> None:
             with early.transaction():
-                early.execute(f"SET LOCAL app.tenant_id = '{A}'")
+                set_tenant(early, A)
                 early.execute(  # the row, and so its id, is made once the gate opens
                     "INSERT INTO outbox_messages (tenant_id, message_id, topic, payload)"
                     " SELECT %s, %s, 'order.placed', '{}'::jsonb"

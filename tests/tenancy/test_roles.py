@@ -57,8 +57,10 @@ def test_every_tenant_table_has_rls_enabled_forced_and_a_policy_on_the_guc():
     assert set(rows) == set(tables), "every tenant-isolated table has a policy"
     for table, (enabled, forced, quals, checks_) in rows.items():
         assert enabled and forced, table
-        assert all("app.tenant_id" in q for q in quals), (table, quals)
-        assert all(c and "app.tenant_id" in c for c in checks_), (table, checks_)
+        # tenancy_current_tenant(): app.tenant_id in the plain mode, a verified
+        # token in the verified one (docs/roles.md).
+        assert all("tenancy_current_tenant()" in q for q in quals), (table, quals)
+        assert all(c and "tenancy_current_tenant()" in c for c in checks_), (table, checks_)
 
 
 def test_system_checks_pass_for_the_real_roles():

@@ -140,6 +140,7 @@ def test_safe_methods_of_an_idempotent_view_run_as_the_tenant(api, orders):
     assert count_rows("idempotency_keys") == 0  # reads need no key and store none
 
 
+@pytest.mark.plain_context(reason="asserts the plain mode's SET LOCAL text")
 def test_a_post_through_the_idempotent_mixin_sets_the_tenant_once(api):
     with statements() as sent:
         response = api.post("/order-book/", {"sku": "tea"}, format="json",
