@@ -212,14 +212,15 @@ def prepare(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, dict]]:
             fail_setup(f"{name} is not set: run the soak under scripts/services "
                        "(make soak ARGS=..., or scripts/services run pg redis -- ...)")
     port, db = os.environ["DIO_PGPORT"], args.database
-    app, system, owner = (os.environ.get(f"DIO_{r}_ROLE", f"dio_{r.lower()}")
-                          for r in ("APP", "SYSTEM", "OWNER"))
+    app, worker, system, owner = (os.environ.get(f"DIO_{r}_ROLE", f"dio_{r.lower()}")
+                                  for r in ("APP", "WORKER", "SYSTEM", "OWNER"))
     broker = os.environ["DIO_REDIS_URL"].rsplit("/", 1)[0] + "/7"  # a Redis database of its own
     env = {
         **os.environ,
         "PYTHONUNBUFFERED": "1",
         "DJANGO_SETTINGS_MODULE": "example_project.settings",
         "DATABASE_URL": f"postgres://{app}:{app}@127.0.0.1:{port}/{db}",
+        "WORKER_DATABASE_URL": f"postgres://{worker}:{worker}@127.0.0.1:{port}/{db}",
         "SYSTEM_DATABASE_URL": f"postgres://{system}:{system}@127.0.0.1:{port}/{db}",
         "OWNER_DATABASE_URL": f"postgres://{owner}:{owner}@127.0.0.1:{port}/{db}",
         "CELERY_BROKER_URL": broker,
