@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from django_idempotency_outbox import __version__
 from django_idempotency_outbox.exports import lazy_exports
+from tenancy.aliases import tenant_alias
 from tenancy.context import GUC, current_tenant_id, tenant_context, validate_tenant_id
 from tenancy.exceptions import CrossTenantRefused, TenancyError
 
@@ -29,6 +30,7 @@ __all__ = [
     "__version__",
     "current_tenant_id",
     "resolve_tenant",
+    "tenant_alias",
     "tenant_context",
     "tenant_scoped",
     "validate_tenant_id",

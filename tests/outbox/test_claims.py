@@ -21,8 +21,8 @@ from outbox import Consumer, Message, tasks
 from outbox.receivers import receive
 from outbox.relay import Relay
 from outbox.testing import InMemoryTransport
-from tenancy import current_tenant_id
-from tenancy.aliases import system_alias
+from tenancy import current_tenant_id, tenant_alias
+from tenancy.aliases import system_alias, worker_alias
 from tests.helpers import count_rows, observer
 from tests.outbox.helpers import (
     Process,
@@ -51,9 +51,8 @@ class TransactionRecorder(Consumer):
     topics = ["claims.xact"]
 
     def handle(self, message: Message) -> None:
-        from django.db import connection
-
-        with connection.cursor() as cursor:  # 32 bits, as xmin shows it
+        # Raw SQL through the batch's alias (docs/consumers.md); 32 bits, as xmin shows it.
+        with connections[tenant_alias()].cursor() as cursor:
             cursor.execute("SELECT (pg_current_xact_id()::text::bigint % 4294967296)::text")
             (xact,) = cursor.fetchone()
         Order.objects.create(tenant_id=current_tenant_id(), sku=xact,
@@ -144,13 +143,13 @@ def test_sigterm_with_a_batch_in_flight_finishes_that_batch_and_loses_nothing(tm
         env={**SUBPROCESS_SETTINGS, "DIO_HANDLER_DELAY": "0.25"},
     )
     try:
-        # The batch is in flight: the consumer's app-role session has a transaction open.
+        # The batch is in flight: the consumer's worker-role session has a transaction open.
         def in_flight() -> bool:
             with observer() as conn:
                 return conn.execute(
                     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
                     " AND usename = %s AND xact_start IS NOT NULL AND pid <> pg_backend_pid()",
-                    [django_settings.DATABASES["default"]["USER"]],
+                    [django_settings.DATABASES[worker_alias()]["USER"]],
                 ).fetchone()[0] > 0
 
         wait_for(in_flight, "the consumer's batch to start")
