@@ -18,7 +18,7 @@
 #   make bench-reaper       reaping 1,000,000 expired keys under live traffic
 #   make soak               the example shop under load and faults, then its invariants
 #                           (ARGS="--duration 600 --seed 1 ..."; see docs/operations.md)
-#   make lint               ruff and mypy
+#   make lint               ruff and mypy (strict)
 #   make mutants            the catalogue of claim-breaking edits (mutants/catalogue.py),
 #                           each applied in a scratch copy with its tests run; not part of
 #                           make test (about an hour). MUTANTS_ARGS="ID ..." or

@@ -265,14 +265,15 @@ def registry(*, gauges: bool = True) -> Any:
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
 
-        multiprocess.MultiProcessCollector(scrape)
+        # prometheus_client's multiprocess module is unannotated
+        multiprocess.MultiProcessCollector(scrape)  # type: ignore[no-untyped-call]
         if gauges:
-            scrape.register(OutboxCollector())  # type: ignore[arg-type]
+            scrape.register(OutboxCollector())
         return scrape
     parts: list[Any] = [REGISTRY]
     if gauges:
         parts.append(OutboxCollector())
-    scrape.register(_Union(*parts))  # type: ignore[arg-type]
+    scrape.register(_Union(*parts))
     return scrape
 
 
@@ -328,4 +329,5 @@ def child_exit(server: Any, worker: Any) -> None:
         from prometheus_client import multiprocess
     except ImportError:
         return
-    multiprocess.mark_process_dead(worker.pid)
+    # prometheus_client's multiprocess module is unannotated
+    multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]

@@ -11,7 +11,7 @@ tenant's keys: grant it accordingly.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
 from django.db.models import Q, QuerySet
@@ -22,6 +22,11 @@ from idempotency import store
 from idempotency.conf import idempotency_settings
 from idempotency.models import IdempotencyKeyRecord
 from tenancy.aliases import system_alias
+
+if TYPE_CHECKING:  # ModelAdmin is generic in django-stubs, not at run time
+    _KeyAdminBase = admin.ModelAdmin[IdempotencyKeyRecord]
+else:
+    _KeyAdminBase = admin.ModelAdmin
 
 
 def stuck_condition() -> Q:
@@ -60,7 +65,7 @@ class ExpiredFilter(admin.SimpleListFilter):
 
 
 @admin.register(IdempotencyKeyRecord)
-class IdempotencyKeyAdmin(admin.ModelAdmin):
+class IdempotencyKeyAdmin(_KeyAdminBase):
     list_display = [
         "tenant_id", "scope", "key", "state", "status_code", "recovery_point",
         "request_method", "request_path", "created_at", "expires_at", "locked_until",

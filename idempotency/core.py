@@ -59,7 +59,7 @@ from django_idempotency_outbox import tracing
 from django_idempotency_outbox.durations import backoff
 from idempotency import store
 from idempotency.conf import idempotency_settings
-from idempotency.exceptions import InvalidKey
+from idempotency.exceptions import InvalidKey as InvalidKey  # public here too: core.InvalidKey
 from tenancy import tenant_context
 from tenancy.aliases import app_alias
 

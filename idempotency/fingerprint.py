@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from decimal import Decimal
-from json.encoder import encode_basestring  # type: ignore[attr-defined]
+from json.encoder import encode_basestring
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
@@ -22,7 +22,7 @@ from django.utils.datastructures import MultiValueDict
 _CHUNK = 64 * 1024
 
 
-def file_digest(upload: UploadedFile) -> dict[str, Any]:
+def file_digest(upload: UploadedFile[bytes]) -> dict[str, Any]:
     """Digest of an uploaded file; leaves the file at position 0 for the handler."""
     digest = hashlib.sha256()
     upload.seek(0)

@@ -145,7 +145,8 @@ class IdempotentSchema(TenantScopedSchema):
         add_header_to_responses(operation, REPLAYED_HEADER, REPLAYED, replayed)
 
 
-class IdempotentViewExtension(OpenApiViewExtension):
+# drf-spectacular's OpenApiViewExtension.__init_subclass__ (the registration) is unannotated
+class IdempotentViewExtension(OpenApiViewExtension):  # type: ignore[no-untyped-call]
     """Documents ``IdempotentViewMixin``'s contract on every view that uses it."""
 
     target_class = "idempotency.mixins.IdempotentViewMixin"

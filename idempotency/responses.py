@@ -58,7 +58,7 @@ def answer(
     """The HTTP answer for a :class:`core.Result`."""
     s = idempotency_settings
     if result.outcome is core.Outcome.EXECUTED:
-        return result.value  # type: ignore[no-any-return,return-value]
+        return result.value  # type: ignore[return-value]
     if result.outcome is core.Outcome.REPLAYED:
         assert result.stored is not None
         return replay(result.stored)

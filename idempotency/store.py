@@ -361,7 +361,7 @@ def replace_expired(
     """Store a finished request over an expired finished row; False if it is gone."""
     with connections[alias].cursor() as cursor:
         cursor.execute(_REPLACE_EXPIRED, _request(request, **_answer(response, state, ttl)))
-        return cursor.rowcount == 1
+        return int(cursor.rowcount) == 1
 
 
 # --- phases mode -----------------------------------------------------------------
@@ -470,7 +470,7 @@ def advance(
     )
     with connections[alias].cursor() as cursor:
         cursor.execute(_ADVANCE, params)
-        return cursor.rowcount == 1
+        return int(cursor.rowcount) == 1
 
 
 def finish(
@@ -489,7 +489,7 @@ def finish(
     )
     with connections[alias].cursor() as cursor:
         cursor.execute(_FINISH, params)
-        return cursor.rowcount == 1
+        return int(cursor.rowcount) == 1
 
 
 def release(alias: str, request: IdempotentRequest, token: int) -> None:

@@ -442,7 +442,7 @@ CATALOGUE: list[Mutant] = [
         "concurrent duplicates of one message: one receiver runs, the other skips",
         "outbox/store.py",
         "        cursor.execute(_RECORD_RECEIVED, [tenant_id, receiver, message_id])\n"
-        "        return cursor.rowcount == 1",
+        "        return int(cursor.rowcount) == 1",
         "        cursor.execute('SELECT 1 FROM outbox_received WHERE tenant_id = %s AND '\n"
         "                       'receiver = %s AND message_id = %s', [tenant_id, receiver, message_id])\n"
         "        seen = cursor.fetchone() is not None\n"

@@ -13,7 +13,7 @@ The readers' positions are read-only: moving them is ``relay_outbox
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
@@ -27,6 +27,12 @@ from outbox.deadletters import discard, redrive
 from outbox.exceptions import ConsumerConfigError
 from outbox.models import ParkedMessageRecord, ReaderPositionRecord
 from tenancy.aliases import system_alias
+
+if TYPE_CHECKING:  # ModelAdmin is generic in django-stubs, not at run time
+    _ParkedAdminBase = admin.ModelAdmin[ParkedMessageRecord]
+    _PositionAdminBase = admin.ModelAdmin[ReaderPositionRecord]
+else:
+    _ParkedAdminBase = _PositionAdminBase = admin.ModelAdmin
 
 
 def admin_alias() -> str:
@@ -98,7 +104,7 @@ def discard_selected(
 
 
 @admin.register(ParkedMessageRecord)
-class ParkedMessageAdmin(admin.ModelAdmin):
+class ParkedMessageAdmin(_ParkedAdminBase):
     list_display = [
         "tenant_id", "id", "consumer", "topic", "key", "message_id", "attempts",
         "parked_at", "last_error",
@@ -129,7 +135,7 @@ class ParkedMessageAdmin(admin.ModelAdmin):
 
 
 @admin.register(ReaderPositionRecord)
-class ReaderPositionAdmin(admin.ModelAdmin):
+class ReaderPositionAdmin(_PositionAdminBase):
     list_display = [
         "name", "partition_label", "last_id", "behind", "lag", "last_processed_at",
         "attempts", "lease",

@@ -39,7 +39,7 @@ import logging
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 from urllib.parse import urlsplit
 
 from celery import Task
@@ -58,6 +58,14 @@ from outbox.stream import Message
 from tenancy import tenant_context
 from tenancy.aliases import app_alias
 
+if TYPE_CHECKING:  # Task is generic in celery-types; older Celery's Task takes no subscript
+    from celery import Celery
+    from celery.local import Proxy
+
+    _TaskBase = Task[..., Any]
+else:
+    _TaskBase = Task
+
 logger = logging.getLogger("outbox")
 
 T = TypeVar("T")
@@ -69,7 +77,7 @@ DEAD_LETTER_PREFIX = "celery:"
 _DEFAULT_VISIBILITY = {"redis": 3600.0, "rediss": 3600.0, "sentinel": 3600.0, "sqs": 30.0}
 
 
-class ReceiverTask(Task):  # type: ignore[misc]
+class ReceiverTask(_TaskBase):
     """A Celery task base class for outbox receivers.
 
     Acknowledges late, rejects (so the broker delivers again) when its pool
@@ -89,7 +97,7 @@ def dead_letter_name(task_name: str) -> str:
     return f"{DEAD_LETTER_PREFIX}{task_name}"
 
 
-def running_task(run: Callable[..., Any]) -> Task | None:
+def running_task(run: Callable[..., Any]) -> Task[..., Any] | None:
     """The task a worker is running with ``run`` as its body, else None.
 
     None when ``run`` is called as a plain function, through ``apply()`` or
@@ -97,7 +105,8 @@ def running_task(run: Callable[..., Any]) -> Task | None:
     """
     from celery import current_task
 
-    task = current_task._get_current_object()
+    # celery-types declares current_task as the task; it is a proxy of the task or None
+    task = cast("Proxy[Task[..., Any] | None]", current_task)._get_current_object()
     if task is None or getattr(task, "run", None) is not run:
         return None
     request = task.request
@@ -106,7 +115,7 @@ def running_task(run: Callable[..., Any]) -> Task | None:
     return task
 
 
-def deliver(task: Task, envelope: Any, handle: Callable[[Message], T],
+def deliver(task: Task[..., Any], envelope: Any, handle: Callable[[Message], T],
             *, using: str | None = None) -> T:
     """Run ``handle(message)`` for ``task``: retry on failure, park when attempts run out.
 
@@ -161,7 +170,7 @@ def _pause(attempt: int) -> float:
     return backoff(attempt, s.RECEIVER_RETRY_BACKOFF, s.RECEIVER_RETRY_BACKOFF_MAX)
 
 
-def _retry(task: Task, exc: Exception, pause: float) -> NoReturn:
+def _retry(task: Task[..., Any], exc: Exception, pause: float) -> NoReturn:
     # Celery's own limit must not stop us first: ours is the attempts setting.
     limit = task.request.retries + 1
     try:
@@ -170,11 +179,12 @@ def _retry(task: Task, exc: Exception, pause: float) -> NoReturn:
         # Celery could not send the retry (the broker is down) and would drop the
         # message: put it back instead. If even that fails, the broker keeps it
         # unacknowledged and delivers it again after its visibility timeout.
-        raise Reject(rejected.reason, requeue=True) from exc
+        # celery-types' Reject lacks the reason attribute that Celery's sets
+        raise Reject(rejected.reason, requeue=True) from exc  # type: ignore[attr-defined]
     raise AssertionError("Task.retry() returned")  # pragma: no cover - it always raises
 
 
-def _park(task: Task, message: Message, attempts: int, exc: Exception,
+def _park(task: Task[..., Any], message: Message, attempts: int, exc: Exception,
           using: str | None) -> None:
     alias = app_alias(using)
     consumer = dead_letter_name(task.name)
@@ -196,7 +206,8 @@ def celery_app() -> Any:
     if not name:
         from celery import current_app
 
-        return current_app._get_current_object()
+        # celery-types declares current_app as the app; it is a proxy of it
+        return cast("Proxy[Celery]", current_app)._get_current_object()
     return import_string(name) if isinstance(name, str) else name
 
 

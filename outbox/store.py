@@ -399,7 +399,7 @@ def create_offsets(using: str, name: str, partitions: int) -> int:
     """
     with connections[using].cursor() as cursor:
         cursor.execute(_CREATE_OFFSETS, [name, partitions, partitions])
-        return cursor.rowcount
+        return int(cursor.rowcount)
 
 
 # Hand-written: SKIP LOCKED (another worker has the partition: move on), and
@@ -585,7 +585,7 @@ def renew_lease(using: str, name: str, owner: str, seconds: float) -> bool:
     """
     with connections[using].cursor() as cursor:
         cursor.execute(_RENEW_LEASE, [seconds, name, owner])
-        return cursor.rowcount == 1
+        return int(cursor.rowcount) == 1
 
 
 def advance_leased(using: str, name: str, owner: str, expected: int, position: int) -> bool:
@@ -596,7 +596,7 @@ def advance_leased(using: str, name: str, owner: str, expected: int, position: i
     """
     with connections[using].cursor() as cursor:
         cursor.execute(_ADVANCE_LEASED, [position, name, expected, owner])
-        return cursor.rowcount == 1
+        return int(cursor.rowcount) == 1
 
 
 def release_lease(using: str, name: str, owner: str) -> None:
@@ -719,7 +719,7 @@ def set_relay_position(using: str, name: str, position: int) -> bool:
     """
     with connections[using].cursor() as cursor:
         cursor.execute(_SET_RELAY_POSITION, [position, name, position])
-        return cursor.rowcount == 1
+        return int(cursor.rowcount) == 1
 
 
 def database_now(using: str) -> datetime:
@@ -858,7 +858,7 @@ def delete_passed_messages(using: str, upto: int, older_than: float, limit: int)
     """
     with connections[using].cursor() as cursor:
         cursor.execute(_DELETE_PASSED, [upto, older_than, limit])
-        return cursor.rowcount
+        return int(cursor.rowcount)
 
 
 def delete_received(using: str, tenant_id: int, older_than: float, limit: int) -> int:
@@ -869,7 +869,7 @@ def delete_received(using: str, tenant_id: int, older_than: float, limit: int) -
     """
     with connections[using].cursor() as cursor:
         cursor.execute(_DELETE_RECEIVED, [tenant_id, older_than, limit])
-        return cursor.rowcount
+        return int(cursor.rowcount)
 
 
 # -- status -------------------------------------------------------------------
@@ -986,7 +986,7 @@ def record_received(using: str, tenant_id: int, receiver: str, message_id: uuid.
     """
     with connections[using].cursor() as cursor:
         cursor.execute(_RECORD_RECEIVED, [tenant_id, receiver, message_id])
-        return cursor.rowcount == 1
+        return int(cursor.rowcount) == 1
 
 
 # -- the fence's facts (system checks) ----------------------------------------

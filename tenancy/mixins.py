@@ -93,7 +93,7 @@ class TenantScopedViewMixin:
     ) -> HttpResponse:
         assert self.tenant_id is not None
         with tenant_context(self.tenant_id):
-            response = handler(request, *args, **kwargs)
+            response: HttpResponse = handler(request, *args, **kwargs)
             # Rendering reads too (a serializer's lazy relations, the browsable
             # API's forms): it happens here, as the tenant. DRF finalizes the
             # response again afterwards, which changes nothing.

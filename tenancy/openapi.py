@@ -43,7 +43,8 @@ class _MethodOnly:
         self.method = method
 
 
-class TenantScopedViewExtension(OpenApiViewExtension):
+# drf-spectacular's OpenApiViewExtension.__init_subclass__ (the registration) is unannotated
+class TenantScopedViewExtension(OpenApiViewExtension):  # type: ignore[no-untyped-call]
     """Documents ``TenantScopedViewMixin``'s answers on every view that uses it."""
 
     target_class = "tenancy.mixins.TenantScopedViewMixin"

@@ -17,12 +17,16 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from django.apps import apps
 from django.conf import settings
 from django.db import connections, transaction
 
 from tenancy.conf import tenancy_settings
+
+if TYPE_CHECKING:
+    from django.db.backends.utils import CursorWrapper
 
 APP, WORKER, SYSTEM = "app", "worker", "system"
 KINDS = (APP, WORKER, SYSTEM)
@@ -186,13 +190,13 @@ def statements(
     return lines
 
 
-def _existing(cursor: object, tables: Sequence[str]) -> set[str]:
-    cursor.execute(  # type: ignore[attr-defined]
+def _existing(cursor: CursorWrapper, tables: Sequence[str]) -> set[str]:
+    cursor.execute(
         "SELECT c.relname FROM pg_class c WHERE c.relname = ANY(%s)"
         " AND c.relnamespace = current_schema()::regnamespace",
         [list(tables)],
     )
-    return {row[0] for row in cursor.fetchall()}  # type: ignore[attr-defined]
+    return {row[0] for row in cursor.fetchall()}
 
 
 def owns_tables(using: str, app_labels: Iterable[str] | None = None) -> bool:

@@ -15,12 +15,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, connections, transaction
 
 from django_idempotency_outbox.errors import ConfigurationError
 from tenancy.conf import ContextKey, tenancy_settings
 from tenancy.context import TOKEN_GUC, mint_token, read_binding
+
+if TYPE_CHECKING:
+    from django.db.backends.utils import CursorWrapper
 
 #: The two definitions of tenancy_current_tenant(); {schema} is quoted.
 _PLAIN = """
@@ -57,9 +61,9 @@ class Status:
     keys: list[InstalledKey]
 
 
-def _quoted_schema(cursor: object) -> str:
-    cursor.execute("SELECT quote_ident(current_schema())")  # type: ignore[attr-defined]
-    return str(cursor.fetchone()[0])  # type: ignore[attr-defined]
+def _quoted_schema(cursor: CursorWrapper) -> str:
+    cursor.execute("SELECT quote_ident(current_schema())")
+    return str(cursor.fetchone()[0])
 
 
 def database_mode(using: str) -> str | None:
@@ -106,7 +110,8 @@ def accepts(using: str, key: ContextKey) -> bool:
             cursor.execute(
                 "SELECT set_config(%s, %s, true), tenancy_verified_tenant()", [TOKEN_GUC, token]
             )
-            verified = cursor.fetchone()[1] == _PROBE_TENANT
+            tenant: int | None = cursor.fetchone()[1]
+            verified = tenant == _PROBE_TENANT
         transaction.set_rollback(True, using=using)
     return verified
 

@@ -25,6 +25,7 @@ the tests start inherit the environment, so they connect the same way.
 """
 
 import os
+from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -52,7 +53,7 @@ def _pooled_aliases() -> set[str]:
 POOLED_ALIASES = _pooled_aliases()
 
 
-def _database(alias: str, role_env: str, default_role: str) -> dict:
+def _database(alias: str, role_env: str, default_role: str) -> dict[str, Any]:
     role = os.environ.get(role_env, default_role)
     db = {
         "ENGINE": "django.db.backends.postgresql",
@@ -143,7 +144,7 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,
 }
 
-TENANCY: dict = {
+TENANCY: dict[str, Any] = {
     "TENANT_RESOLVER": "tests.testapp.auth.tenant_of",
     "SYSTEM_DATABASE": "system",
     "WORKER_DATABASE": "worker",
@@ -161,7 +162,7 @@ if os.environ.get("DIO_VERIFIED_CONTEXT"):
     TENANCY["VERIFIED_CONTEXT"] = VERIFIED_CONTEXT_KEY
 
 # The reaper's pause between batches is tested on its own (test_reaper.py).
-IDEMPOTENCY: dict = {"REAP_PAUSE": 0}
+IDEMPOTENCY: dict[str, Any] = {"REAP_PAUSE": 0}
 
 LOGGING = {
     "version": 1,
@@ -172,7 +173,7 @@ LOGGING = {
 
 # The outbox's test consumers; the Celery transport sends to the test worker's
 # task (tests/outbox/celery_app.py) on a per-run queue.
-OUTBOX: dict = {
+OUTBOX: dict[str, Any] = {
     "CONSUMERS": [
         "tests.outbox.consumers.OrderRecorder",
         "tests.outbox.consumers.PartitionedRecorder",

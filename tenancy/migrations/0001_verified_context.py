@@ -5,7 +5,7 @@ from django_idempotency_outbox.sqlfiles import RunSQLFile
 
 class Migration(migrations.Migration):
     initial = True
-    dependencies = []  # type: ignore[var-annotated]
+    dependencies = []
 
     operations = [
         RunSQLFile(
