@@ -111,6 +111,7 @@ mutants: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check idempotency tenancy outbox django_idempotency_outbox tests bench mutants
 	$(BIN)/mypy idempotency tenancy outbox django_idempotency_outbox
+	$(BIN)/python -m mutants.run --check
 
 # The docs tools live in their own group and stamp, so `make test` stays lean.
 $(DOCS_STAMP): pyproject.toml

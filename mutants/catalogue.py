@@ -244,10 +244,10 @@ CATALOGUE: list[Mutant] = [
         "consumer.offset-on-commit", "outbox.consumers",
         "a consumer batch's handler writes and its offset advance commit in one transaction",
         "outbox/consumers.py",
-        "            store.advance_offset(app, consumer.name, partition, position)\n"
+        "            store.advance_offset(worker, consumer.name, partition, position)\n"
         "            return BatchResult(handled=done, full=len(messages) == limit)",
         "            transaction.on_commit(lambda: store.advance_offset(\n"
-        "                app, consumer.name, partition, position), using=app)\n"
+        "                worker, consumer.name, partition, position), using=worker)\n"
         "            return BatchResult(handled=done, full=len(messages) == limit)",
         (O_CLAIMS, OUTBOX + "test_consumers.py", OUTBOX + "test_ordering.py"),
     ),
@@ -271,10 +271,9 @@ CATALOGUE: list[Mutant] = [
         "consumer.failure-skips-message", "outbox.consumers",
         "no offset advanced past an unhandled message",
         "outbox/consumers.py",
-        "        store.advance_offset(app, consumer.name, partition, position,\n"
-        "                             HeadFailure(",
-        "        store.advance_offset(app, consumer.name, partition, message.position,\n"
-        "                             HeadFailure(",
+        "        store.advance_offset(worker, consumer.name, partition, position, head_failure)",
+        "        store.advance_offset(worker, consumer.name, partition, message.position,\n"
+        "                             head_failure)",
         (OUTBOX + "test_consumers.py",),
     ),
     mutant(
@@ -342,15 +341,13 @@ CATALOGUE: list[Mutant] = [
         "relay.xid-across-send", "outbox.relay",
         "no relay holds a database transaction open across broker I/O",
         "outbox/relay.py",
-        "        try:\n            if self.transport.reads_envelopes:\n"
-        "                self.transport.send_envelopes",
+        "        try:\n            with _relay_spans(self.name, batch.messages):\n",
         "        _held = __import__('django.db').db.transaction.atomic(using=self.alias)\n"
         "        _held.__enter__()\n"
         "        with connections[self.alias].cursor() as _c:\n"
         "            _c.execute('SELECT 1 FROM consumer_offsets WHERE name = %s FOR UPDATE',"
         " [self.offset_name])\n"
-        "        try:\n            if self.transport.reads_envelopes:\n"
-        "                self.transport.send_envelopes",
+        "        try:\n            with _relay_spans(self.name, batch.messages):\n",
         (O_CLAIMS, OUTBOX + "test_relay.py"),
         more=(Edit("outbox/relay.py",
                    "        if self._broker_failures:\n            logger.info(",
@@ -363,10 +360,11 @@ CATALOGUE: list[Mutant] = [
         "a SELECT ... FOR UPDATE held while sending)",
         "outbox/relay.py",
         "        try:\n"
-        "            if self.transport.reads_envelopes:\n"
-        "                self.transport.send_envelopes(batch.messages)  # type: ignore[arg-type]\n"
-        "            else:\n"
-        "                self.transport.send(batch.messages)  # type: ignore[arg-type]\n",
+        "            with _relay_spans(self.name, batch.messages):\n"
+        "                if self.transport.reads_envelopes:\n"
+        "                    self.transport.send_envelopes(batch.messages)  # type: ignore[arg-type]\n"
+        "                else:\n"
+        "                    self.transport.send(batch.messages)  # type: ignore[arg-type]\n",
         "        try:\n"
         "            with __import__('django.db').db.transaction.atomic(using=self.alias):\n"
         "                connections[self.alias].cursor().execute(\n"
@@ -505,8 +503,8 @@ CATALOGUE: list[Mutant] = [
         "context.session-level-set", "tenancy.context",
         "the tenant is set transaction-locally, never for the session",
         "tenancy/context.py",
-        "        cursor.execute(f\"SET LOCAL {GUC} = '{value}'\")",
-        "        cursor.execute(f\"SET {GUC} = '{value}'\")",
+        "    return f\"SET LOCAL {GUC} = '{value}'\"",
+        "    return f\"SET {GUC} = '{value}'\"",
         (TENANCY + "test_context.py", TENANCY + "test_isolation.py"),
     ),
     mutant(
