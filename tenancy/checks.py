@@ -13,7 +13,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core import checks
-from django.db import DatabaseError, connections, router
+from django.db import DatabaseError, router
 
 from django_idempotency_outbox.conf import registered
 from django_idempotency_outbox.errors import ConfigurationError
@@ -350,13 +350,7 @@ def _check_verified_context(alias: str, facts: dict[str, Any]) -> Iterable[check
                     "and WITH CHECK (docs/roles.md).",
                     id="tenancy.E025",
                 )
-        with connections[alias].cursor() as cursor:
-            cursor.execute("SELECT has_table_privilege('tenancy_context_keys', 'SELECT')")
-            readable = 0
-            if cursor.fetchone()[0]:
-                cursor.execute("SELECT count(*) FROM tenancy_context_keys")
-                readable = cursor.fetchone()[0]
-        if readable:
+        if verified.readable_keys(alias):
             yield checks.Error(
                 f"Database {alias!r} can read the keys of the verified tenant context "
                 "(tenancy_context_keys): injected SQL could sign any tenant's token.",

@@ -82,6 +82,16 @@ def database_mode(using: str) -> str | None:
     return "verified" if "tenancy_verified_tenant" in row[0] else "plain"
 
 
+def readable_keys(using: str) -> int:
+    """How many keys the role of ``using`` can read (0 unless something is wrong)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT has_table_privilege('tenancy_context_keys', 'SELECT')")
+        if not cursor.fetchone()[0]:
+            return 0
+        cursor.execute("SELECT count(*) FROM tenancy_context_keys")
+        return int(cursor.fetchone()[0])
+
+
 def status(using: str) -> Status:
     """The mode and the installed keys (as the owner: no other role sees a key)."""
     mode = database_mode(using)
