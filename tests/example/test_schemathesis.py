@@ -68,6 +68,12 @@ def test_schemathesis_finds_nothing_with_every_check(shop, tmp_path):
     generated, passed = map(int, counts.groups())
     assert generated == passed > 6 * MAX_EXAMPLES, summary
     assert "Scenarios:" in done.stdout  # the stateful phase ran
+    # Whatever the fuzzer sent (captures of unknown or paid orders, refusals
+    # in the first phase), no key is left pending for the completer.
+    with shop.observer() as conn:
+        pending = conn.execute(
+            "SELECT count(*) FROM idempotency_keys WHERE state = 'pending'").fetchone()[0]
+    assert pending == 0, f"{pending} idempotency key(s) left pending by the fuzz run"
 
 
 def _statuses(node):

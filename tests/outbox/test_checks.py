@@ -11,12 +11,14 @@ from django.core import checks
 from outbox import ReceiverTask, receiver
 from outbox.celery import check_app, receiver_tasks, visibility_timeout
 from outbox.checks import check_fence
+from tenancy.aliases import app_alias, system_alias
 from tests.helpers import observer
 
 # -- the fence (database checks) ----------------------------------------------
 
 
-def fence_ids(databases=("default", "system")) -> list[str]:
+def fence_ids(databases=None) -> list[str]:
+    databases = [app_alias(), system_alias()] if databases is None else databases
     return [m.id for m in checks.run_checks(databases=list(databases),
                                             tags=[checks.Tags.database])
             if m.id and m.id.startswith("outbox.")]
@@ -24,7 +26,7 @@ def fence_ids(databases=("default", "system")) -> list[str]:
 
 def test_a_migrated_database_passes():
     assert fence_ids() == []
-    assert check_fence(databases=["default", "system"]) == []
+    assert check_fence(databases=[app_alias(), system_alias()]) == []
 
 
 def test_a_sequence_that_hands_out_values_out_of_order_is_an_error():
@@ -32,7 +34,7 @@ def test_a_sequence_that_hands_out_values_out_of_order_is_an_error():
         for change in ("CACHE 20", "CYCLE", "INCREMENT BY -1"):
             conn.execute(f"ALTER SEQUENCE outbox_message_ids {change}")
             try:
-                assert fence_ids(["default"]) == ["outbox.E001"], change
+                assert fence_ids([app_alias()]) == ["outbox.E001"], change
             finally:
                 conn.execute("ALTER SEQUENCE outbox_message_ids CACHE 1 NO CYCLE INCREMENT BY 1")
     assert fence_ids() == []
@@ -43,7 +45,7 @@ def test_an_id_default_that_skips_the_publisher_lock_is_an_error():
         conn.execute("ALTER TABLE outbox_messages ALTER COLUMN id"
                      " SET DEFAULT nextval('outbox_message_ids')")
         try:
-            [error] = check_fence(databases=["system"])
+            [error] = check_fence(databases=[system_alias()])
             assert error.id == "outbox.E002"
             assert "nextval('outbox_message_ids'::regclass)" in error.msg
         finally:

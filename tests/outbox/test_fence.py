@@ -26,6 +26,7 @@ from outbox.status import status
 from outbox.store import read_batch
 from outbox.testing import InMemoryTransport
 from tenancy import tenant_context
+from tenancy.aliases import app_alias, system_alias
 from tests.helpers import connect, observer, server_pid, set_tenant, superuser
 from tests.outbox.consumers import OrderRecorder
 from tests.outbox.helpers import (
@@ -142,13 +143,13 @@ def test_a_publishing_transaction_left_open_delays_only_messages_with_larger_ids
 def roll_back_a_publish(savepoints: str) -> None:
     """Publish in a savepoint, then roll the savepoint back (the message goes with it)."""
     if savepoints == "atomic":
-        with suppress(RuntimeError), transaction.atomic():
+        with suppress(RuntimeError), transaction.atomic(using=app_alias()):
             publish("order.placed", {"sku": "dropped"})
             raise RuntimeError
     else:  # Django keeps the on-commit hooks registered after a manual savepoint
-        sid = transaction.savepoint()
+        sid = transaction.savepoint(using=app_alias())
         publish("order.placed", {"sku": "dropped"})
-        transaction.savepoint_rollback(sid)
+        transaction.savepoint_rollback(sid, using=app_alias())
 
 
 @pytest.mark.parametrize("savepoints", ["atomic", "manual"])
@@ -227,7 +228,7 @@ def test_a_publisher_that_commits_while_a_reader_takes_the_fence_is_not_skipped(
 
     def read() -> None:
         try:
-            batches.append(read_batch("system", 0, 10))
+            batches.append(read_batch(system_alias(), 0, 10))
         finally:
             connections.close_all()
 

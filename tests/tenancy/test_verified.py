@@ -137,7 +137,7 @@ def test_the_web_process_reads_the_binding_the_verifier_computes():
     from tenancy.context import read_binding
 
     for use_cursor in (False, True):  # with BEGIN in one message, and inside a transaction
-        with transaction.atomic(using="default"):
+        with transaction.atomic(using=tenancy_settings.APP_DATABASE):
             if use_cursor:
                 with app_connection().cursor() as cursor:
                     cursor.execute("SELECT 1")
@@ -267,7 +267,7 @@ def test_a_function_injected_to_shadow_the_binding_cannot_aim_a_token_at_another
     binding of a transaction it keeps open elsewhere, and wait for another
     tenant's request on that connection to mint a token for it.
     """
-    app_role = django_settings.DATABASES["default"]["USER"]
+    app_role = django_settings.DATABASES[tenancy_settings.APP_DATABASE]["USER"]
     with connections["owner"].cursor() as cursor:
         cursor.execute("DROP SCHEMA IF EXISTS app_writable CASCADE; CREATE SCHEMA app_writable")
         cursor.execute(f"GRANT USAGE, CREATE ON SCHEMA app_writable TO {app_role}")
@@ -340,7 +340,8 @@ def test_the_app_role_cannot_switch_the_mode_back():
                 conn.execute(statement)
             conn.rollback()
     with pytest.raises(CommandError, match="does not own"):
-        call_command("verified_context", "disable", database="default", stdout=io.StringIO())
+        call_command("verified_context", "disable", database=tenancy_settings.APP_DATABASE,
+                     stdout=io.StringIO())
 
 
 # --- the command and the checks ------------------------------------------------------
@@ -394,7 +395,8 @@ def check_ids() -> set[str]:
     # tenancy's checks only: the outbox's import the Celery tasks, which its own tests count
     from tenancy.checks import check_database_roles
 
-    return {m.id for m in check_database_roles(databases=["default", "system"])
+    return {m.id for m in check_database_roles(
+        databases=[tenancy_settings.APP_DATABASE, tenancy_settings.SYSTEM_DATABASE])
             if m.level >= checks.ERROR}
 
 
