@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import redis
+from django.conf import settings as django_settings
 
 from outbox import publish
 from outbox.consumers import Consumer, ensure_offsets, run_batch
@@ -170,3 +172,17 @@ def terminate_backends(application_name: str) -> int:
             " WHERE application_name = %s AND datname = current_database()",
             [application_name],
         ).fetchall())
+
+
+#: The environment of a subprocess that runs the outbox's commands: the
+#: outbox overlay (tests/outbox/settings.py) on this run's own settings module.
+SUBPROCESS_SETTINGS = {
+    "DJANGO_SETTINGS_MODULE": "tests.outbox.settings",
+    "DIO_BASE_SETTINGS": django_settings.SETTINGS_MODULE,
+}
+
+
+def queue_length(name: str) -> int:
+    """How many tasks wait in the Redis list ``name`` on the suite's broker."""
+    with redis.Redis.from_url(django_settings.CELERY_BROKER_URL) as client:
+        return int(client.llen(name))

@@ -25,6 +25,7 @@ from tenancy import current_tenant_id, tenant_alias
 from tenancy.aliases import system_alias, worker_alias
 from tests.helpers import count_rows, observer
 from tests.outbox.helpers import (
+    SUBPROCESS_SETTINGS,
     Process,
     drain,
     effects,
@@ -34,11 +35,6 @@ from tests.outbox.helpers import (
 from tests.testapp.models import Order
 
 A = 1
-
-SUBPROCESS_SETTINGS = {  # the outbox overlay on this run's own settings module
-    "DJANGO_SETTINGS_MODULE": "tests.outbox.settings",
-    "DIO_BASE_SETTINGS": django_settings.SETTINGS_MODULE,
-}
 
 
 # --- docs/consumers.md: the handler's writes and the offset advance commit together -------

@@ -14,11 +14,11 @@ import uuid
 from pathlib import Path
 
 import pytest
-from django.conf import settings as django_settings
 from django.test import Client
 
 from tests.helpers import count_rows, observer
 from tests.outbox.helpers import (
+    SUBPROCESS_SETTINGS,
     Process,
     effects,
     message_position,
@@ -30,11 +30,6 @@ from tests.outbox.rig import RedisServer, Worker
 
 A = 1
 ROOT = Path(__file__).resolve().parents[2]
-
-SUBPROCESS_SETTINGS = {  # the outbox overlay on this run's own settings module
-    "DJANGO_SETTINGS_MODULE": "tests.outbox.settings",
-    "DIO_BASE_SETTINGS": django_settings.SETTINGS_MODULE,
-}
 
 
 def queued_task_ids(broker: RedisServer, queue: str) -> list[str]:

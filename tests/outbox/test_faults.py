@@ -21,7 +21,7 @@ from django.core.management import call_command
 from django.db import connections
 
 from tests.helpers import count_rows, observer
-from tests.outbox.helpers import Process, effects, publish_many, wait_for
+from tests.outbox.helpers import Process, effects, publish_many, queue_length, wait_for
 from tests.outbox.rig import RedisServer, Worker
 
 A, B = 1, 2
@@ -37,11 +37,6 @@ def queue(settings):
     yield name
     with redis.Redis.from_url(django_settings.CELERY_BROKER_URL) as client:
         client.delete(name)
-
-
-def queue_length(name: str) -> int:
-    with redis.Redis.from_url(django_settings.CELERY_BROKER_URL) as client:
-        return int(client.llen(name))
 
 
 def database_now() -> str:

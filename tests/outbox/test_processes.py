@@ -18,22 +18,19 @@ from django.conf import settings as django_settings
 from tests.helpers import count_rows
 from tests.outbox.consumers import SlowRecorder
 from tests.outbox.helpers import (
+    SUBPROCESS_SETTINGS,
     Process,
     drain,
     effects,
     offset,
     orders_by_key,
     publish_many,
+    queue_length,
     terminate_backends,
     wait_for,
 )
 
 A, B = 1, 2
-SUBPROCESS_SETTINGS = {  # the outbox overlay on this run's own settings module
-    "DJANGO_SETTINGS_MODULE": "tests.outbox.settings",
-    "DIO_BASE_SETTINGS": django_settings.SETTINGS_MODULE,
-}
-
 
 @pytest.fixture
 def queue(settings):
@@ -44,14 +41,6 @@ def queue(settings):
     yield name
     client.delete(name)
     client.close()
-
-
-def queue_length(name: str) -> int:
-    client = redis.Redis.from_url(django_settings.CELERY_BROKER_URL)
-    try:
-        return int(client.llen(name))
-    finally:
-        client.close()
 
 
 def worker(queue: str, tmp_path) -> Process:

@@ -30,7 +30,14 @@ from outbox.stream import Envelope
 from outbox.transports import CeleryTransport, _RedisWire
 from tenancy.aliases import system_alias
 from tests.helpers import observer
-from tests.outbox.helpers import Process, effects, publish_as, publish_many, wait_for
+from tests.outbox.helpers import (
+    SUBPROCESS_SETTINGS,
+    Process,
+    effects,
+    publish_as,
+    publish_many,
+    wait_for,
+)
 from tests.outbox.transports import DieAfterSend
 
 A, B = 1, 2
@@ -41,11 +48,6 @@ A, B = 1, 2
 KOMBU_BATCHES = tuple(int(part) for part in kombu.__version__.split(".")[:2]) >= (5, 7)
 needs_kombu_batches = pytest.mark.skipif(
     not KOMBU_BATCHES, reason=f"the Redis fast path needs kombu 5.7+ (kombu {kombu.__version__})")
-SUBPROCESS_SETTINGS = {  # the outbox overlay on this run's own settings module
-    "DJANGO_SETTINGS_MODULE": "tests.outbox.settings",
-    "DIO_BASE_SETTINGS": django_settings.SETTINGS_MODULE,
-}
-
 PAYLOADS: list[Any] = [
     {"sku": "a", "n": 1},
     {"text": "déjà vu ✓ \u2028 \"quoted\" \\ back\nslash", "empty": {}, "list": [1, 2.5, None]},

@@ -18,21 +18,18 @@ from django.conf import settings as django_settings
 
 from tests.outbox.consumers import SlowRecorder
 from tests.outbox.helpers import (
+    SUBPROCESS_SETTINGS,
     Process,
     drain,
     effects,
     message_position,
     offset,
     publish_many,
+    queue_length,
     wait_for,
 )
 
 A = 1
-SUBPROCESS_SETTINGS = {  # the outbox overlay on this run's own settings module
-    "DJANGO_SETTINGS_MODULE": "tests.outbox.settings",
-    "DIO_BASE_SETTINGS": django_settings.SETTINGS_MODULE,
-}
-
 
 @pytest.fixture
 def queue(settings):
@@ -43,14 +40,6 @@ def queue(settings):
     yield name
     client.delete(name)
     client.close()
-
-
-def queue_length(name: str) -> int:
-    client = redis.Redis.from_url(django_settings.CELERY_BROKER_URL)
-    try:
-        return int(client.llen(name))
-    finally:
-        client.close()
 
 
 def test_a_consumer_stopped_with_a_batch_in_flight_commits_it_and_exits_0(tmp_path):
