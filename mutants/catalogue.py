@@ -110,7 +110,7 @@ CATALOGUE: list[Mutant] = [
         "idempotency/core.py",
         '    if row.state == "pending":\n        return Result(Outcome.IN_PROGRESS)',
         '    if row.state == "pending" and False:\n        return Result(Outcome.IN_PROGRESS)',
-        (IDEM + "test_phases.py",),
+        (IDEM + "test_core.py::test_a_pending_key_answers_in_progress_never_a_replay", IDEM + "test_phases.py"),
     ),
     mutant(
         "core.lost-race-ignored", "idempotency.core",

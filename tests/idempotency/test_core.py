@@ -83,6 +83,35 @@ def test_an_expired_row_is_taken_over_in_place():
         assert row.fetchone() == ("f" * 64, b"new", True)
 
 
+@pytest.mark.parametrize("outer", [False, True], ids=["own transaction", "caller's transaction"])
+def test_a_pending_key_answers_in_progress_never_a_replay(outer):
+    # A phases program's claim under the same scope and key, still running:
+    # the row is pending, with no answer yet. Whether it is read in
+    # autocommit (store.peek) or in the caller's transaction, the answer is
+    # "in progress" and the handler does not run.
+    with connect() as conn, as_tenant(conn, 1) as cur:
+        cur.execute(
+            "INSERT INTO idempotency_keys (tenant_id, scope, key, request_hash, request_method,"
+            " request_path, state, lease_token, locked_until, expires_at)"
+            " VALUES (1, 'core', 'k', %s, 'POST', '/x', 'pending', 1,"
+            " now() + interval '1 hour', now() + interval '1 hour')",
+            ["f" * 64],
+        )
+    calls = []
+
+    def handler():
+        calls.append(1)
+        return stored()
+
+    if outer:
+        with app_atomic():
+            result = core.execute(request(), handler, lambda r: r, wait=0)
+    else:
+        result = core.execute(request(), handler, lambda r: r, wait=0)
+    assert result.outcome is core.Outcome.IN_PROGRESS
+    assert calls == []
+
+
 def test_in_progress_without_wait_and_replay_after_wait():
     import threading
     import time
