@@ -182,7 +182,8 @@ CATALOGUE: list[Mutant] = [
         " WHERE {_KEY} AND state = '{PENDING}' AND lease_token = %(token)s",
         "UPDATE idempotency_keys SET ({_names(_PHASES_FINISHED)}) = ROW({_exprs(_PHASES_FINISHED)})\n"
         " WHERE {_KEY} AND state = '{PENDING}' AND (lease_token = %(token)s OR TRUE)",
-        (IDEM + "test_phases.py", IDEM + "test_store.py"),
+        (I_CLAIMS + "::test_a_stale_owner_cannot_finish_over_the_new_owner",
+         IDEM + "test_phases.py", IDEM + "test_store.py"),
     ),
     mutant(
         "store.advance-without-fence", "idempotency.store",
@@ -237,7 +238,8 @@ CATALOGUE: list[Mutant] = [
         "idempotency/phases.py",
         "                    raise LeaseLost\n                ctx.recovery_point = outcome.name",
         "                    pass\n                ctx.recovery_point = outcome.name",
-        (IDEM + "test_phases.py",),
+        (I_CLAIMS + "::test_a_stale_owner_whose_phase_commit_fails_the_token_stops_and_its_writes_roll_back",
+         IDEM + "test_phases.py"),
     ),
     # --- outbox: consumers ------------------------------------------------------------------
     mutant(

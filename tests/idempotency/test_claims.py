@@ -14,11 +14,13 @@ import pytest
 from django.http import JsonResponse
 from django.test import RequestFactory
 
-from idempotency import store
+from idempotency import phases, store
 from idempotency.conf import idempotency_settings
+from idempotency.core import IdempotentRequest, Outcome
 from idempotency.decorators import idempotent
+from idempotency.phases import Finish, Phases, RecoveryPoint
 from tenancy import current_tenant_id
-from tests.helpers import count_rows, observer
+from tests.helpers import as_tenant, connect, count_rows, observer
 from tests.testapp.auth import USERS
 from tests.testapp.models import Order
 
@@ -221,3 +223,56 @@ def test_a_pending_key_is_taken_over_only_once_its_lease_has_run_out():
     with tenant_context(1):
         taken = store.take_over(app_alias(), request, 1, dt.timedelta(seconds=30))
     assert taken is not None and taken.token == 2
+
+
+# --- docs/phases.md: the fencing token stops a stale owner ----------------------------
+
+
+class _TakenOverDuring(Phases):
+    """A program whose first phase writes, then loses its key to a new owner
+    (another process bumps the fencing token, as a take-over after the
+    lease does) before its commit; what the phase returns is a class attribute."""
+
+    scope = "claims.fenced"
+    returns: object = None
+    later: list[str] = []
+
+    def started(self, ctx):
+        Order.objects.create(tenant_id=current_tenant_id(), sku="stale owner")
+        with connect() as other, as_tenant(other, 1) as cur:
+            cur.execute("UPDATE idempotency_keys SET lease_token = lease_token + 1"
+                        " WHERE scope = %s AND key = 'fenced'", [self.scope])
+        return self.returns
+
+    def second(self, ctx):
+        self.later.append("second")
+        return Finish(201, {"done": True})
+
+
+def _run_fenced(returns):
+    program = type("Fenced", (_TakenOverDuring,), {"returns": returns, "later": []})
+    request = IdempotentRequest(tenant_id=1, scope=program.scope, key="fenced",
+                                fingerprint="f" * 64, method="POST", path="/x")
+    return program, phases.execute(program, request, wait=0)
+
+
+def fenced_row():
+    with observer() as conn:
+        return conn.execute(
+            "SELECT state, lease_token, recovery_point FROM idempotency_keys WHERE key = 'fenced'"
+        ).fetchone()
+
+
+def test_a_stale_owner_whose_phase_commit_fails_the_token_stops_and_its_writes_roll_back():
+    program, result = _run_fenced(RecoveryPoint("second"))
+    assert result.outcome is Outcome.IN_PROGRESS  # LeaseLost: the new owner goes on
+    assert program.later == []  # the next phase never ran
+    assert count_rows("testapp_order") == 0  # the phase's writes rolled back with it
+    assert fenced_row() == ("pending", 2, "started")  # the new owner's row, untouched
+
+
+def test_a_stale_owner_cannot_finish_over_the_new_owner():
+    program, result = _run_fenced(Finish(201, {"done": True}))
+    assert result.outcome is Outcome.IN_PROGRESS
+    assert count_rows("testapp_order") == 0
+    assert fenced_row() == ("pending", 2, "started")  # not finished by the stale owner
