@@ -16,6 +16,7 @@
 #   make bench-idempotency  DRF endpoint with and without the mixin, side by side
 #   make bench-outbox       relay into Redis/Celery, no-op consumer, latency, memory
 #   make bench-reaper       reaping 1,000,000 expired keys under live traffic
+#   make bench-idempotency-cpu  CPU per request in-process (no HTTP server), per statement
 #   make soak               the example shop under load and faults, then its invariants
 #                           (ARGS="--duration 600 --seed 1 ..."; see docs/operations.md)
 #   make lint               ruff and mypy (strict)
@@ -39,7 +40,7 @@ DOCS_STAMP := $(VENV)/.installed-docs
 DIST_STAMP := $(VENV)/.installed-dist
 TOX_STAMP  := $(VENV)/.installed-tox
 
-.PHONY: soak demo demo-stop test test-pooled dist bench-idempotency bench-outbox bench-reaper lint docs services services-stop clean
+.PHONY: soak demo demo-stop test test-pooled dist bench-idempotency bench-outbox bench-reaper bench-idempotency-cpu lint docs services services-stop clean
 
 $(STAMP): pyproject.toml
 	@echo "[make] creating $(VENV) and installing the project with its test tools"
@@ -92,6 +93,9 @@ bench-outbox: $(STAMP)
 
 bench-reaper: $(STAMP)
 	@scripts/services run pg -- $(BIN)/python bench/bench_reaper.py $(BENCH_ARGS)
+
+bench-idempotency-cpu: $(STAMP)
+	@scripts/services run pg -- $(BIN)/python bench/cpu_idempotency.py $(BENCH_ARGS)
 
 # A fault-injection soak of the example shop: 10 minutes unless ARGS says otherwise.
 soak: $(STAMP)

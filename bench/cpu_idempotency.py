@@ -1,0 +1,183 @@
+"""make bench-idempotency-cpu: where a request's CPU goes, without an HTTP server.
+
+    . .run/env && .venv/bin/python bench/cpu_idempotency.py [--requests 1000] [--rounds 3]
+
+``make bench-idempotency`` measures requests/s under gunicorn and wrk, where
+the HTTP server's own work per request (about 2 ms of a worker's CPU on a
+small machine) is the same for every workload and narrows every ratio. This
+script calls the same Django application in-process, one request after the
+other on one persistent connection, and measures the CPU each workload costs
+this process (Django, DRF, the library) and the PostgreSQL cluster, side by
+side in one run (workloads interleaved, the median of the rounds):
+
+- plain, tenant, first, replay: the workloads of ``make bench-idempotency``;
+- then the cost of one statement through each layer, to show what is left to
+  cut: Django's cursor against psycopg's own, and the server's planning of
+  the replay's lookup, parsed and planned each time (as the library sends
+  it: client-side binding sends no prepared statements) against a prepared
+  statement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import itertools
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[0] = str(ROOT)  # run from the project root, not from bench/
+os.environ.setdefault("DIO_TEST_DB", "dio_bench_cpu")
+os.environ["DIO_CONN_MAX_AGE"] = "600"  # persistent connections, as deployed
+os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+
+BODY = b'{"sku": "tea", "quantity": 2, "note": "benchmark order"}'
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_of(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / _TICK
+
+
+def cluster_pids() -> list[int]:
+    """The postmaster and its children (every process of the private cluster)."""
+    lock = Path(os.environ["DIO_PGSOCKET"], f".s.PGSQL.{os.environ['DIO_PGPORT']}.lock")
+    postmaster = int(lock.read_text().split()[0])
+    children = Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split()
+    return [postmaster, *map(int, children)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--requests", type=int, default=1000, help="requests per measurement")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
+    args = parser.parse_args()
+
+    import django
+
+    django.setup()
+    from tests.dbsetup import recreate_database
+
+    recreate_database()
+    from django.core.handlers.wsgi import WSGIHandler
+
+    app = WSGIHandler()
+    counter = itertools.count()
+    run = f"cpu-{time.time_ns()}"
+
+    def environ(path: str, key: str | None = None) -> dict[str, Any]:
+        env = {
+            "REQUEST_METHOD": "POST", "PATH_INFO": path, "SERVER_NAME": "localhost",
+            "SERVER_PORT": "80", "SERVER_PROTOCOL": "HTTP/1.1", "wsgi.url_scheme": "http",
+            "wsgi.input": io.BytesIO(BODY), "CONTENT_LENGTH": str(len(BODY)),
+            "CONTENT_TYPE": "application/json", "HTTP_X_USER": "alice", "wsgi.errors": sys.stderr,
+        }
+        if key is not None:
+            env["HTTP_IDEMPOTENCY_KEY"] = key
+        return env
+
+    def call(env: dict[str, Any]) -> None:
+        status: list[str] = []
+        b"".join(app(env, lambda s, h, *rest: status.append(s)))  # type: ignore[arg-type]
+        if not status[0].startswith("2"):
+            sys.exit(f"bench: {env['PATH_INFO']} answered {status[0]}")
+
+    workloads: dict[str, Callable[[], dict[str, Any]]] = {
+        "plain": lambda: environ("/plain-orders/"),
+        "tenant": lambda: environ("/tenant-orders/"),
+        "first": lambda: environ("/orders/", f"{run}-{next(counter)}"),
+        "replay": lambda: environ("/orders/", "replayed-key"),
+    }
+    call(environ("/orders/", "replayed-key"))
+    cluster = cluster_pids()
+    measured: dict[str, list[tuple[float, float]]] = {name: [] for name in workloads}
+    for r in range(args.rounds):
+        names = list(workloads)
+        names = names[r % len(names):] + names[: r % len(names)]  # rotated each round
+        for name in names:
+            make = workloads[name]
+            for _ in range(50):
+                call(make())
+            own, db = time.process_time(), cpu_of(cluster)
+            for _ in range(args.requests):
+                call(make())
+            per = 1000 / args.requests
+            measured[name].append(((time.process_time() - own) * per,
+                                   (cpu_of(cluster) - db) * per))
+
+    print(f"{args.rounds} rounds x {args.requests} requests, in-process, one connection;"
+          " CPU ms per request (median): this process + PostgreSQL")
+    totals = {}
+    for name, runs in measured.items():
+        own = statistics.median(r[0] for r in runs)
+        db = statistics.median(r[1] for r in runs)
+        totals[name] = own + db
+        print(f"  {name:8} {own:5.2f} + {db:5.2f} = {own + db:5.2f}")
+    print("  requests/s ratios this CPU allows (CPU-bound, no HTTP server's share):")
+    for name in ("tenant", "first", "replay"):
+        print(f"  {name:7} / plain = {totals['plain'] / totals[name]:.2f}")
+    statements()
+
+
+def statements(n: int = 3000) -> None:
+    """One statement's cost through Django's cursor and psycopg's, planned or prepared."""
+    import psycopg
+    from django.db import connections
+
+    from idempotency import store
+    from idempotency.core import IdempotentRequest
+    from tenancy.context import set_tenant_sql
+
+    django_conn = connections["default"]
+    django_conn.ensure_connection()
+    raw = django_conn.connection
+    backend = [raw.info.backend_pid]
+    request = IdempotentRequest(tenant_id=1, scope="order.create", key="replayed-key",
+                                fingerprint="")
+    cursor = psycopg.ClientCursor(raw)
+    lookup = cursor.mogrify(f"{set_tenant_sql(1)}; {store._LOOKUP_ONLY}", store._key(request))
+    cursor.execute(
+        "PREPARE bench_lookup(bigint, text, text) AS "
+        + store._LOOKUP_ONLY.replace("%(tenant_id)s", "$1").replace("%(scope)s", "$2")
+        .replace("%(key)s", "$3")
+    )
+    prepared = f"{set_tenant_sql(1)}; EXECUTE bench_lookup(1, 'order.create', 'replayed-key')"
+
+    def django_select() -> None:
+        with django_conn.cursor() as c:
+            c.execute("SELECT 1")
+            c.fetchone()
+
+    cases: list[tuple[str, Callable[[], Any]]] = [
+        ("SELECT 1 through Django's cursor", django_select),
+        ("SELECT 1 through psycopg's cursor", lambda: cursor.execute("SELECT 1")),
+        ("the replay's lookup, planned each time", lambda: cursor.execute(lookup)),
+        ("the replay's lookup, prepared", lambda: cursor.execute(prepared)),
+    ]
+    print(f"one statement ({n:,} times each), microseconds: client CPU, server CPU")
+    for label, run in cases:
+        for _ in range(200):
+            run()
+        own, server = time.process_time(), cpu_of(backend)
+        for _ in range(n):
+            run()
+        print(f"  {label:40} {(time.process_time() - own) * 1e6 / n:6.0f}"
+              f" {(cpu_of(backend) - server) * 1e6 / n:6.0f}")
+    cursor.execute("DEALLOCATE bench_lookup")
+
+
+if __name__ == "__main__":
+    main()
