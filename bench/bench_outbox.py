@@ -4,7 +4,8 @@
 
 Measures, against the private PostgreSQL and Redis of scripts/services:
 
-1. relay throughput into a real Redis-backed Celery broker (CeleryTransport);
+1. relay throughput into a real Redis-backed Celery broker (CeleryTransport),
+   without and with ``OUTBOX["SIGNING_KEYS"]`` (every envelope signed);
 2. in-database consumer throughput with a no-op handler (10 tenants interleaved);
 3. commit-to-publish latency, p50/p99: messages published one per transaction
    at a steady rate while ``manage.py relay_outbox`` runs in its own process;
@@ -52,6 +53,7 @@ import redis  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connections, transaction  # noqa: E402
+from django.test import override_settings  # noqa: E402
 
 from outbox import publish  # noqa: E402
 from outbox.consumers import ensure_offsets, run_batch  # noqa: E402
@@ -178,20 +180,25 @@ class Arrivals(threading.Thread):
         self.join(10)
 
 
-def bench_relay(count: int) -> float:
-    reset()
-    backlog(count)
-    relay = Relay(name="bench-throughput")
-    relay.drain()  # warm-up: connections, imports (also moves everything)
-    reset()
-    backlog(count)
-    relay = Relay(name="bench-throughput")
-    started = time.perf_counter()
-    sent = relay.drain()
-    elapsed = time.perf_counter() - started
-    assert sent == count, (sent, count)
-    assert broker().llen(QUEUE) == count
-    broker().delete(QUEUE)
+def bench_relay(count: int, *, signed: bool = False) -> float:
+    keys = ["bench-signing-key-of-at-least-32-bytes-0123456789"] if signed else []
+    with override_settings(OUTBOX={**settings.OUTBOX, "SIGNING_KEYS": keys}):
+        reset()
+        backlog(count)
+        relay = Relay(name="bench-throughput")
+        relay.drain()  # warm-up: connections, imports (also moves everything)
+        reset()
+        backlog(count)
+        relay = Relay(name="bench-throughput")
+        started = time.perf_counter()
+        sent = relay.drain()
+        elapsed = time.perf_counter() - started
+        assert sent == count, (sent, count)
+        assert broker().llen(QUEUE) == count
+        if signed:
+            assert b'"signature" : "v1.' in base64.b64decode(
+                json.loads(broker().lindex(QUEUE, 0))["body"])
+        broker().delete(QUEUE)
     return count / elapsed
 
 
@@ -433,6 +440,9 @@ def main() -> None:
         rate = bench_relay(args.messages)
         log(f"relay -> Redis (Celery transport): {rate:,.0f} messages/s "
             f"({args.messages:,} messages; target >= 10,000)")
+        signed = bench_relay(args.messages, signed=True)
+        log(f"... every envelope signed:         {signed:,.0f} messages/s "
+            f"({signed / rate:.0%} of the unsigned rate; SIGNING_KEYS)")
         rate = bench_consumer(args.messages)
         log(f"consumer, no-op handler:           {rate:,.0f} messages/s "
             f"({args.messages:,} messages, {TENANTS} tenants; target >= 10,000)")
