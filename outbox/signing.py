@@ -23,7 +23,6 @@ will see it, whatever digits PostgreSQL wrote for it.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import logging
@@ -53,9 +52,10 @@ def signature(envelope: Mapping[str, Any], key: SigningKey) -> str:
     Raises:
         TypeError, ValueError: a value that JSON cannot encode.
     """
-    content = {name: value for name, value in envelope.items() if name != SIGNATURE}
-    data = _DOMAIN + _ENCODER.encode(content).encode("ascii")
-    return f"{SCHEME}.{key.key_id}.{hmac.new(key.secret, data, hashlib.sha256).hexdigest()}"
+    if SIGNATURE in envelope:
+        envelope = {name: value for name, value in envelope.items() if name != SIGNATURE}
+    data = _DOMAIN + _ENCODER.encode(envelope).encode("ascii")
+    return f"{SCHEME}.{key.key_id}.{hmac.digest(key.secret, data, 'sha256').hex()}"
 
 
 @overload
