@@ -450,6 +450,15 @@ CATALOGUE: list[Mutant] = [
         "        return not seen",
         (O_CLAIMS, OUTBOX + "test_receivers.py"),
     ),
+    mutant(
+        "receivers.signature-unchecked", "outbox.signing",
+        "with SIGNING_KEYS set, a receiver refuses an envelope the relay did not sign or that was "
+        "altered, before the handler runs and before anything is written",
+        "outbox/signing.py",
+        "    if not keys:\n        return\n",
+        "    if not keys or True:\n        return\n",
+        (OUTBOX + "test_signing.py",),
+    ),
     # --- outbox: loops ---------------------------------------------------------------------------
     mutant(
         "loops.sigterm-mid-batch", "outbox.consumers",

@@ -52,8 +52,9 @@ from kombu.utils.url import maybe_sanitize_url
 
 from django_idempotency_outbox import metrics
 from django_idempotency_outbox.durations import backoff
-from outbox import store
+from outbox import signing, store
 from outbox.conf import outbox_settings
+from outbox.exceptions import BadSignature
 from outbox.stream import Message
 from tenancy import tenant_context
 from tenancy.aliases import app_alias
@@ -119,12 +120,22 @@ def deliver(task: Task[..., Any], envelope: Any, handle: Callable[[Message], T],
             *, using: str | None = None) -> T:
     """Run ``handle(message)`` for ``task``: retry on failure, park when attempts run out.
 
+    An envelope whose signature does not verify (``OUTBOX["SIGNING_KEYS"]``)
+    is refused first, and for good: no retry could make it valid, and a dead
+    letter would be a row written as the tenant a forger named.
+
     Raises:
         celery.exceptions.Retry: a retry was sent (Celery acknowledges this delivery).
         celery.exceptions.Reject: the retry could not be sent; the message goes
-            back to the queue.
+            back to the queue. Or the envelope's signature does not verify:
+            the broker drops it (``requeue=False``).
         Exception: the handler's error, once the message is parked.
     """
+    if not isinstance(envelope, Message):
+        try:
+            signing.check(envelope, by=f"task {task.name}")
+        except BadSignature as exc:
+            raise Reject(exc, requeue=False) from exc
     try:
         message = envelope if isinstance(envelope, Message) else Message.from_envelope(envelope)
     except (KeyError, TypeError, ValueError) as exc:

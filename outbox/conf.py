@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -18,6 +21,53 @@ from django_idempotency_outbox.conf import (
     text_mapping,
 )
 from django_idempotency_outbox.observability import observability_settings  # noqa: F401 (registers it)
+
+#: The shortest signing key accepted, in bytes (HMAC-SHA256's output length).
+MIN_SIGNING_KEY_BYTES = 32
+
+
+@dataclass(frozen=True)
+class SigningKey:
+    """A secret of ``OUTBOX["SIGNING_KEYS"]`` and the id that names it in signatures.
+
+    The id is the first 8 hex digits of a SHA-256 of the secret: it lets a
+    receiver pick the key a signature was made with, and a log say which key
+    that was, without revealing anything of the secret.
+    """
+
+    key_id: str
+    secret: bytes = field(repr=False)
+
+    @classmethod
+    def of(cls, secret: bytes) -> SigningKey:
+        return cls(hashlib.sha256(b"outbox signing key id\0" + secret).hexdigest()[:8], secret)
+
+
+def signing_keys(value: Any, label: str) -> tuple[SigningKey, ...]:
+    """A list of secrets (strings or bytes), each at least 32 bytes long; the first signs.
+
+    The error messages name the position of a bad secret, never its value.
+    """
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise TypeError(f"{label} must be a list of secrets (strings or bytes), not a "
+                        f"{type(value).__name__}")
+    keys: list[SigningKey] = []
+    for position, secret in enumerate(value):
+        if not isinstance(secret, str | bytes):
+            raise TypeError(f"{label}[{position}] must be a string or bytes (a secret), not "
+                            f"{type(secret).__name__}")
+        raw = secret.encode() if isinstance(secret, str) else bytes(secret)
+        if len(raw) < MIN_SIGNING_KEY_BYTES:
+            raise ValueError(
+                f"{label}[{position}] must be at least {MIN_SIGNING_KEY_BYTES} bytes long, not "
+                f"{len(raw)} (python -c 'import secrets; print(secrets.token_urlsafe(48))' "
+                "makes one)"
+            )
+        key = SigningKey.of(raw)
+        if any(k.key_id == key.key_id for k in keys):
+            raise ValueError(f"{label}[{position}] repeats an earlier key")
+        keys.append(key)
+    return tuple(keys)
 
 
 class OutboxSettings(AppSettings):
@@ -82,6 +132,11 @@ class OutboxSettings(AppSettings):
     #: Celery receivers: the longest delay between two attempts. Keep it below
     #: the broker's visibility timeout (Redis: 1 hour by default).
     RECEIVER_RETRY_BACKOFF_MAX = Setting(timedelta(minutes=5), seconds())
+    #: Relay and receivers: secrets. The relay signs every envelope with the
+    #: first; receivers accept a signature made with any of them and refuse a
+    #: message without a valid one (docs/outbox.md). Empty: nothing is signed
+    #: or verified.
+    SIGNING_KEYS: Setting[tuple[SigningKey, ...]] = Setting((), signing_keys)
     #: Retention: messages older than this AND passed by every reader are deleted.
     RETENTION = Setting(timedelta(days=7), seconds())
     #: Retention: rows of outbox_received (the receivers' de-duplication

@@ -124,7 +124,9 @@ def _receiver_handler(name: str, tenant: int, row_id: int) -> Callable[[Message]
             f"parked message {tenant}/{row_id} belongs to Celery task {task_name!r}, which the "
             'Celery app (OUTBOX["CELERY_APP"]) does not have as an outbox receiver'
         )
-    return lambda message: body(message.envelope())
+    # The Message itself, not its envelope: it comes from the dead-letter
+    # table, where only a message that passed its receiver's checks is parked.
+    return body
 
 
 def discard(ids: Sequence[tuple[int, int]]) -> int:

@@ -23,3 +23,11 @@ class ConsumerConfigError(OutboxError, ConfigurationError):
 
 class RewindRefused(OutboxError):
     """``relay_outbox --rewind-to`` cannot send again everything after its target."""
+
+
+class BadSignature(OutboxError):
+    """A receiver refused an envelope that the relay did not sign (``OUTBOX["SIGNING_KEYS"]``).
+
+    Its signature is missing, malformed, made with a key that is not in the
+    list, or does not match the envelope's content.
+    """

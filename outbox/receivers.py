@@ -7,6 +7,9 @@ and is skipped, and a task that fails rolls the record back with its writes.
 Concurrent duplicates wait on the primary key and the second one is skipped
 when the first commits.
 
+With ``OUTBOX["SIGNING_KEYS"]`` set, an envelope whose signature does not
+verify is refused before anything else (:mod:`outbox.signing`).
+
 Run by a Celery worker, a task built with :func:`receiver` does not let a
 failure lose the message: it is retried with a growing pause, and parked in
 the dead-letter table when its attempts run out (:mod:`outbox.celery`; the
@@ -28,7 +31,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from django_idempotency_outbox import metrics, tracing
-from outbox import store
+from outbox import signing, store
 from outbox.stream import Message
 from tenancy import tenant_context
 from tenancy.aliases import app_alias
@@ -51,6 +54,12 @@ def receive(
     failure propagates, with everything rolled back: retrying it is the
     caller's business (:func:`receiver` does it in a Celery worker).
 
+    With ``OUTBOX["SIGNING_KEYS"]`` set, an envelope is first verified: one
+    that the relay did not sign, or that was altered on the way, is refused
+    (logged as an ERROR) before the transaction opens. A :class:`Message` is
+    not verified: your own code built it (a re-drive builds it from the
+    dead-letter table).
+
     Args:
         envelope: what the Celery transport sent (or a :class:`Message`).
         handler: the task's work; its database writes join the transaction.
@@ -60,8 +69,15 @@ def receive(
 
     Returns:
         ``(True, result)`` when the handler ran, ``(False, None)`` for a duplicate.
+
+    Raises:
+        outbox.exceptions.BadSignature: the envelope's signature does not verify.
     """
-    message = envelope if isinstance(envelope, Message) else Message.from_envelope(envelope)
+    if isinstance(envelope, Message):
+        message = envelope
+    else:
+        signing.check(envelope, by=f"receiver {receiver}")
+        message = Message.from_envelope(envelope)
     alias = app_alias(using)
     with tenant_context(message.tenant_id, using=alias):
         if not store.record_received(alias, message.tenant_id, receiver, message.message_id):
@@ -87,12 +103,15 @@ def receiver(
     ``OUTBOX["RECEIVER_MAX_ATTEMPTS"]`` attempts, then the message is parked in
     ``outbox_dead_letters`` as ``celery:<task name>`` (see :mod:`outbox.celery`).
     Called directly, eagerly or by ``apply()``, a failure simply propagates.
+    An envelope whose signature does not verify (``OUTBOX["SIGNING_KEYS"]``)
+    is refused as :func:`receive` refuses it, and a worker neither retries
+    nor parks it.
     """
 
     def decorate(func: Callable[..., T]) -> Callable[..., T | None]:
         @functools.wraps(func)
-        def wrapper(envelope: dict[str, Any], *args: Any, **kwargs: Any) -> T | None:
-            def handle(message: Message) -> T | None:
+        def wrapper(envelope: dict[str, Any] | Message, *args: Any, **kwargs: Any) -> T | None:
+            def handle(message: dict[str, Any] | Message) -> T | None:
                 _, result = receive(
                     message, lambda m: func(m, *args, **kwargs), receiver=name, using=using
                 )
@@ -100,8 +119,7 @@ def receiver(
 
             task = _running_task(wrapper)
             if task is None:
-                return handle(Message.from_envelope(envelope)
-                              if not isinstance(envelope, Message) else envelope)
+                return handle(envelope)
             from outbox.celery import deliver
 
             return deliver(task, envelope, handle, using=using)

@@ -13,6 +13,9 @@ cannot share a transaction with the offset. Each round therefore is::
     3. send the batch to the broker                (no transaction open)
     4. advance the offset, compare-and-set on the old position and the lease
 
+With ``OUTBOX["SIGNING_KEYS"]`` set, each message is signed between 2 and 3
+(:mod:`outbox.signing`), whichever way its envelope is built.
+
 A crash between 3 and 4 sends the batch again on restart (at-least-once);
 receivers drop the duplicates by message id. If the broker fails, the offset
 stays put and the batch is retried after a growing pause: nothing is skipped.
@@ -53,7 +56,7 @@ from django.db import connections
 
 from django_idempotency_outbox import metrics, tracing
 from django_idempotency_outbox.durations import backoff
-from outbox import store
+from outbox import signing, store
 from outbox.conf import outbox_settings
 from outbox.consumers import require_cross_tenant_reader
 from outbox.exceptions import RewindRefused
@@ -229,6 +232,9 @@ class Relay:
         if self._heartbeat is None or self._heartbeat.lost.is_set():
             self._position = None  # another relay took over while this one read
             return False
+        keys = outbox_settings.SIGNING_KEYS
+        if keys:  # every envelope carries the signature receivers verify
+            batch = signing.signed(batch, keys[0])
         try:
             with _relay_spans(self.name, batch.messages):
                 if self.transport.reads_envelopes:

@@ -22,6 +22,10 @@ ENVELOPE_KEYS: tuple[str, ...] = (
     "payload", "headers", "created_at",
 )
 
+#: The envelope key of the relay's signature, after the others when
+#: ``OUTBOX["SIGNING_KEYS"]`` is set (:mod:`outbox.signing`).
+SIGNATURE = "signature"
+
 
 @dataclass(frozen=True)
 class Message:
@@ -36,6 +40,8 @@ class Message:
         topic: what happened, e.g. ``"order.created"``.
         key: the ordering key (messages with one key reach a consumer in order).
         xid: the publishing transaction's id (for people; it orders nothing).
+        signature: the relay's signature of the envelope (:mod:`outbox.signing`),
+            None when it was not signed.
     """
 
     id: int
@@ -49,6 +55,7 @@ class Message:
     headers: dict[str, Any] = field(default_factory=dict)
     created_at: datetime | None = None
     xid: int = 0
+    signature: str | None = None
 
     @property
     def position(self) -> int:
@@ -58,13 +65,16 @@ class Message:
     def envelope(self) -> dict[str, Any]:
         """The message as a JSON-serialisable dict (what the Celery transport sends).
 
-        The keys are :data:`ENVELOPE_KEYS`, in that order; the values are the
+        The keys are :data:`ENVELOPE_KEYS`, in that order, then
+        :data:`SIGNATURE` when the message is signed; the values are the
         attributes, but ``message_id`` as text and ``created_at`` as
         ``datetime.isoformat()`` writes it.
         """
         data = {key: getattr(self, key) for key in ENVELOPE_KEYS}
         data["message_id"] = str(self.message_id)
         data["created_at"] = self.created_at.isoformat() if self.created_at else None
+        if self.signature is not None:
+            data[SIGNATURE] = self.signature
         return data
 
     @classmethod
@@ -81,6 +91,7 @@ class Message:
             aggregate_id=data.get("aggregate_id"),
             headers=data.get("headers") or {},
             created_at=datetime.fromisoformat(created) if created else None,
+            signature=data.get(SIGNATURE),
         )
 
 
@@ -93,7 +104,8 @@ class Envelope:
     serialised again. The JSON is the same envelope: the same keys in the
     same order, ``created_at`` in UTC as ``datetime.isoformat()`` writes it;
     only the spacing differs, and the payload is exactly what PostgreSQL
-    stored (numbers are not rounded through a Python float).
+    stored (numbers are not rounded through a Python float). The relay
+    appends the signature to the text when it signs (:mod:`outbox.signing`).
 
     Attributes:
         id: the message's id, its position in the stream.

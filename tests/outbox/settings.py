@@ -8,6 +8,7 @@ reconnection for real.
 """
 
 import importlib
+import json
 import os
 
 _base = importlib.import_module(os.environ.get("DIO_BASE_SETTINGS", "tests.settings"))
@@ -22,3 +23,8 @@ for _db in DATABASES.values():
 OUTBOX = dict(_base.OUTBOX)
 if "DIO_RELAY_LEASE" in os.environ:
     OUTBOX["RELAY_LEASE"] = float(os.environ["DIO_RELAY_LEASE"])
+
+# Relays and receivers that sign and verify (tests/outbox/test_signing.py): a
+# JSON list of secrets.
+if "DIO_SIGNING_KEYS" in os.environ:
+    OUTBOX["SIGNING_KEYS"] = json.loads(os.environ["DIO_SIGNING_KEYS"])

@@ -1,0 +1,143 @@
+"""The relay's signature on each envelope, and the receivers' check of it.
+
+Anyone who can write to the broker's queues could hand a receiver an envelope
+of their own making, for any tenant. With ``OUTBOX["SIGNING_KEYS"]`` set, the
+relay adds to every envelope it sends an HMAC-SHA256 of the envelope's
+content, and a receiver refuses an envelope whose signature does not verify,
+before its handler runs and before anything is written as the tenant the
+envelope names (docs/outbox.md, "Who may write to the broker").
+
+The signature is the envelope's last key, ``"signature"``::
+
+    v1.<key id>.<HMAC-SHA256 in 64 hex digits>
+
+``v1`` names the scheme and the key id (:class:`outbox.conf.SigningKey`) the
+key. The MAC covers every other key of the envelope: it is taken over
+``b"outbox envelope v1\\n"`` followed by the JSON of the envelope without its
+signature, keys sorted, no spaces, non-ASCII escaped. JSON is unambiguous
+(two different envelopes never encode alike), and both sides encode the
+values as a receiver decodes them: the relay decodes the envelope that
+PostgreSQL wrote before signing it, so a number is signed as the receiver
+will see it, whatever digits PostgreSQL wrote for it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any, overload
+
+from outbox.conf import SigningKey, outbox_settings
+from outbox.exceptions import BadSignature
+from outbox.stream import SIGNATURE, Batch, Envelope, Message
+
+logger = logging.getLogger("outbox")
+
+#: The scheme this module signs with and the only one it verifies.
+SCHEME = "v1"
+
+_DOMAIN = b"outbox envelope v1\n"
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+_FORMAT = re.compile(r"v1\.([0-9a-f]{8})\.([0-9a-f]{64})")
+
+
+def signature(envelope: Mapping[str, Any], key: SigningKey) -> str:
+    """The signature of ``envelope`` (its ``"signature"`` key, if any, left out) by ``key``.
+
+    Raises:
+        TypeError, ValueError: a value that JSON cannot encode.
+    """
+    if SIGNATURE in envelope:
+        envelope = {name: value for name, value in envelope.items() if name != SIGNATURE}
+    data = _DOMAIN + _ENCODER.encode(envelope).encode("ascii")
+    return f"{SCHEME}.{key.key_id}.{hmac.digest(key.secret, data, 'sha256').hex()}"
+
+
+@overload
+def signed(batch: Batch[Message], key: SigningKey) -> Batch[Message]: ...
+
+
+@overload
+def signed(batch: Batch[Envelope], key: SigningKey) -> Batch[Envelope]: ...
+
+
+def signed(batch: Batch[Any], key: SigningKey) -> Batch[Any]:
+    """``batch`` with each message signed by ``key`` (the relay's: the first of the list).
+
+    A :class:`Message` gets its :attr:`~Message.signature`, which its
+    envelope then carries; an :class:`Envelope`'s JSON, as PostgreSQL wrote
+    it, is decoded to be signed and gets the signature appended as its last
+    key, the rest of the text left as it was.
+    """
+    return Batch([_sign_envelope(item, key) if isinstance(item, Envelope)
+                  else replace(item, signature=signature(item.envelope(), key))
+                  for item in batch.messages], batch.fence)
+
+
+def _sign_envelope(envelope: Envelope, key: SigningKey) -> Envelope:
+    text = envelope.json
+    mark = signature(json.loads(text), key)
+    end = text.rindex("}")
+    return Envelope(envelope.id, envelope.xid, envelope.message_id, envelope.topic,
+                    f'{text[:end]}, "{SIGNATURE}" : "{mark}"{text[end:]}')
+
+
+def verify(envelope: Any, keys: Sequence[SigningKey] | None = None) -> None:
+    """Refuse ``envelope`` unless one of ``keys`` signed it as it is.
+
+    Args:
+        envelope: what the broker delivered (a dict, as the relay sent it).
+        keys: ``OUTBOX["SIGNING_KEYS"]`` when omitted. With no keys, every
+            envelope passes, signed or not.
+
+    Raises:
+        BadSignature: saying why, in words that quote nothing of the envelope
+            but a well-formed key id.
+    """
+    keys = outbox_settings.SIGNING_KEYS if keys is None else keys
+    if not keys:
+        return
+    if not isinstance(envelope, Mapping):
+        raise BadSignature(f"it is a {type(envelope).__name__}, not an envelope")
+    mark = envelope.get(SIGNATURE)
+    if mark is None:
+        raise BadSignature("it carries no signature")
+    found = _FORMAT.fullmatch(mark) if isinstance(mark, str) else None
+    if found is None:
+        raise BadSignature(f"its signature is malformed, or not of the scheme {SCHEME}")
+    key = next((k for k in keys if k.key_id == found.group(1)), None)
+    if key is None:
+        raise BadSignature(f'it is signed with key {found.group(1)}, which is not in '
+                           'OUTBOX["SIGNING_KEYS"]')
+    try:
+        expected = signature(envelope, key)
+    except (TypeError, ValueError) as exc:
+        raise BadSignature("its content cannot be encoded to be verified") from exc
+    if not hmac.compare_digest(expected, mark):
+        raise BadSignature("its signature does not match its content")
+
+
+def check(envelope: Any, *, by: str) -> None:
+    """:func:`verify`, logging a refusal as an ERROR that names ``by`` and the message id.
+
+    The payload is never logged, and the message id only as a UUID (or quoted).
+    """
+    try:
+        verify(envelope)
+    except BadSignature as exc:
+        logger.error("outbox: %s refused message %s: %s; it is not handled, retried or parked",
+                     by, _message_id(envelope), exc)
+        raise
+
+
+def _message_id(envelope: Any) -> str:
+    value = envelope.get("message_id") if isinstance(envelope, Mapping) else None
+    try:
+        return str(uuid.UUID(str(value)))
+    except ValueError:
+        return f"{str(value)[:40]!r} (not a message id)"
