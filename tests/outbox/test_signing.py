@@ -415,6 +415,24 @@ def test_the_relays_output_on_the_broker_carries_a_valid_signature(settings, que
     assert ('"price": 1.10' in bodies[2]) is (path == "postgresql-envelopes")
 
 
+def test_a_payload_object_kombu_decodes_into_a_python_value_cannot_be_verified(settings, queue):
+    # docs/outbox.md: kombu's JSON turns an object whose only keys are
+    # "__type__" and "__value__" into a Python value (a Decimal here), which
+    # the worker's check cannot encode as it was signed: such a message is
+    # refused. Publish the value as something else (a string) to sign it.
+    use_keys(settings, NEW)
+    publish_as(A, "order.placed", {"sku": "tea", "price": {"__type__": "decimal",
+                                                           "__value__": "1.10"}})
+    relay = Relay(CeleryTransport(), name="signing-kombu-types")
+    wait_for(lambda: relay.drain() >= 0 and relay.sent == 1, "relayed")
+    relay.release()
+    [envelope] = [task_argument(m) for m in queued(queue)]
+    assert type(envelope["payload"]["price"]).__name__ == "Decimal"  # what the worker gets
+    with pytest.raises(BadSignature):
+        receive(envelope, record, receiver=RECEIVER)
+    assert nothing_written()
+
+
 def forge(item: dict[str, Any], **changes: Any) -> bytes:
     """A Redis item whose envelope is changed as a writer to the broker would change it."""
     args, kwargs, embed = json.loads(base64.b64decode(item["body"]))
