@@ -133,6 +133,7 @@ def test_a_claim_returns_a_typed_claim_and_a_duplicate_gets_none():
     assert len(first.request_id) == 36 and again is None
 
 
+@pytest.mark.plain_context(reason="the verified context has no peek (the next test)")
 def test_a_peek_reads_the_key_in_autocommit_as_the_tenant_and_leaves_nothing_set():
     finished()
     app_connection().ensure_connection()
@@ -152,6 +153,18 @@ def test_a_peek_reads_the_key_in_autocommit_as_the_tenant_and_leaves_nothing_set
         setting, visible = cursor.fetchone()
     assert setting in (None, "") and visible == 0
 
+
+
+def test_in_the_verified_context_a_peek_stands_aside(settings):
+    # docs/roles.md: a verified token is bound to a transaction's start, which
+    # a message sent in autocommit cannot know before it runs; the key is
+    # looked up in the request's transaction instead.
+    from tests.settings import VERIFIED_CONTEXT_KEY
+
+    settings.TENANCY = {**settings.TENANCY, "VERIFIED_CONTEXT": VERIFIED_CONTEXT_KEY}
+    finished()
+    app_connection().ensure_connection()
+    assert store.peek(app_alias(), request()) is None
 
 def test_a_peek_is_refused_inside_a_transaction():
     # There, its SET LOCAL would outlive the read: the caller reads in its transaction.
