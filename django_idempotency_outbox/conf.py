@@ -253,6 +253,26 @@ def texts(value: Any, label: str) -> tuple[str, ...]:
     return items
 
 
+#: The shortest secret accepted, in bytes (HMAC-SHA256's output length).
+MIN_SECRET_BYTES = 32
+
+
+def secret(value: Any, label: str) -> bytes:
+    """A secret key (a string or bytes) of at least 32 bytes, as bytes.
+
+    The errors give the secret's type or length, never the secret itself.
+    """
+    if not isinstance(value, str | bytes):
+        raise TypeError(f"{label} must be a string or bytes (a secret), not {type(value).__name__}")
+    raw = value.encode() if isinstance(value, str) else bytes(value)
+    if len(raw) < MIN_SECRET_BYTES:
+        raise ValueError(
+            f"{label} must be at least {MIN_SECRET_BYTES} bytes long, not {len(raw)} "
+            "(python -c 'import secrets; print(secrets.token_urlsafe(48))' makes one)"
+        )
+    return raw
+
+
 def optional(convert: Converter[T]) -> Converter[T | None]:
     """None, or what ``convert`` accepts."""
 

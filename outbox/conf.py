@@ -17,13 +17,11 @@ from django_idempotency_outbox.conf import (
     objects,
     optional,
     seconds,
+    secret,
     text,
     text_mapping,
 )
 from django_idempotency_outbox.observability import observability_settings  # noqa: F401 (registers it)
-
-#: The shortest signing key accepted, in bytes (HMAC-SHA256's output length).
-MIN_SIGNING_KEY_BYTES = 32
 
 
 @dataclass(frozen=True)
@@ -52,18 +50,8 @@ def signing_keys(value: Any, label: str) -> tuple[SigningKey, ...]:
         raise TypeError(f"{label} must be a list of secrets (strings or bytes), not a "
                         f"{type(value).__name__}")
     keys: list[SigningKey] = []
-    for position, secret in enumerate(value):
-        if not isinstance(secret, str | bytes):
-            raise TypeError(f"{label}[{position}] must be a string or bytes (a secret), not "
-                            f"{type(secret).__name__}")
-        raw = secret.encode() if isinstance(secret, str) else bytes(secret)
-        if len(raw) < MIN_SIGNING_KEY_BYTES:
-            raise ValueError(
-                f"{label}[{position}] must be at least {MIN_SIGNING_KEY_BYTES} bytes long, not "
-                f"{len(raw)} (python -c 'import secrets; print(secrets.token_urlsafe(48))' "
-                "makes one)"
-            )
-        key = SigningKey.of(raw)
+    for position, item in enumerate(value):
+        key = SigningKey.of(secret(item, f"{label}[{position}]"))
         if any(k.key_id == key.key_id for k in keys):
             raise ValueError(f"{label}[{position}] repeats an earlier key")
         keys.append(key)

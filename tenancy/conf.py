@@ -14,14 +14,12 @@ from django_idempotency_outbox.conf import (
     dotted_path_or_object,
     http_status,
     optional,
+    secret,
     text,
     text_mapping,
 )
 
 _KEY_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
-
-#: The shortest key accepted, in bytes (HMAC-SHA256's output length).
-MIN_KEY_BYTES = 32
 
 
 @dataclass(frozen=True)
@@ -48,21 +46,12 @@ def verified_context(value: Any, label: str) -> ContextKey | None:
     unknown = sorted(set(value) - {"KEY_ID", "KEY"})
     if unknown:
         raise ValueError(f"{label} has unknown keys {unknown}; it takes KEY_ID and KEY")
-    key_id, secret = value.get("KEY_ID"), value.get("KEY")
+    key_id = value.get("KEY_ID")
     if not isinstance(key_id, str) or not _KEY_ID.fullmatch(key_id):
         raise ValueError(
             f'{label}["KEY_ID"] must be 1 to 64 letters, digits, "-" or "_", not {key_id!r}'
         )
-    if not isinstance(secret, str | bytes):
-        raise TypeError(f'{label}["KEY"] must be a string (the secret), not '
-                        f"{type(secret).__name__}")
-    raw = secret.encode() if isinstance(secret, str) else bytes(secret)
-    if len(raw) < MIN_KEY_BYTES:
-        raise ValueError(
-            f'{label}["KEY"] must be at least {MIN_KEY_BYTES} bytes long, not {len(raw)} '
-            "(python -c 'import secrets; print(secrets.token_urlsafe(48))' makes one)"
-        )
-    return ContextKey(key_id, raw)
+    return ContextKey(key_id, secret(value.get("KEY"), f'{label}["KEY"]'))
 
 
 def role_names(value: Any, label: str) -> dict[str, str]:
