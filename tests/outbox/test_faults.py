@@ -15,7 +15,6 @@ import uuid
 from contextlib import contextmanager
 
 import pytest
-import redis
 from django.conf import settings as django_settings
 from django.core.management import call_command
 from django.db import connections
@@ -27,16 +26,6 @@ from tests.outbox.rig import RedisServer, Worker
 A, B = 1, 2
 SETTINGS = {"DJANGO_SETTINGS_MODULE": "tests.outbox.fault_settings"}
 RECEIVER_APP = "tests.outbox.celery_app"
-
-
-@pytest.fixture
-def queue(settings):
-    """A queue of this test's own on the suite's Redis, for the relay and the worker."""
-    name = f"dio-faults-{uuid.uuid4().hex[:8]}"
-    settings.OUTBOX = {**settings.OUTBOX, "CELERY_QUEUE": name}
-    yield name
-    with redis.Redis.from_url(django_settings.CELERY_BROKER_URL) as client:
-        client.delete(name)
 
 
 def database_now() -> str:

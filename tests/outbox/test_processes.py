@@ -32,17 +32,6 @@ from tests.outbox.helpers import (
 
 A, B = 1, 2
 
-@pytest.fixture
-def queue(settings):
-    """A Redis queue of this test's own, used by the relay and the worker."""
-    name = f"dio-outbox-test-{uuid.uuid4().hex[:8]}"
-    settings.OUTBOX = {**settings.OUTBOX, "CELERY_QUEUE": name}
-    client = redis.Redis.from_url(django_settings.CELERY_BROKER_URL)
-    yield name
-    client.delete(name)
-    client.close()
-
-
 def worker(queue: str, tmp_path) -> Process:
     proc = Process(
         [sys.executable, "-m", "celery", "-A", "tests.outbox.celery_app", "worker",

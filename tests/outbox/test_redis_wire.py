@@ -58,16 +58,6 @@ PAYLOADS: list[Any] = [
 ]
 
 
-@pytest.fixture
-def queue(settings):
-    name = f"dio-outbox-wire-{uuid.uuid4().hex[:8]}"
-    settings.OUTBOX = {**settings.OUTBOX, "CELERY_QUEUE": name}
-    yield name
-    client = redis.Redis.from_url(django_settings.CELERY_BROKER_URL)
-    client.delete(name)
-    client.close()
-
-
 def raw_items(key: str) -> list[bytes]:
     """The Redis list's items as written, oldest first (the order BRPOP takes them)."""
     client = redis.Redis.from_url(django_settings.CELERY_BROKER_URL)

@@ -337,15 +337,6 @@ def test_a_signed_message_that_fails_is_retried_parked_and_re_driven_as_before(s
 # -- the relay's real output, through the Celery transport into Redis -------------------
 
 
-@pytest.fixture
-def queue(settings):
-    name = f"dio-outbox-signing-{uuid.uuid4().hex[:8]}"
-    settings.OUTBOX = {**settings.OUTBOX, "CELERY_QUEUE": name}
-    yield name
-    with redis.Redis.from_url(django_settings.CELERY_BROKER_URL) as client:
-        client.delete(name)
-
-
 class MessagesOnly(CeleryTransport):
     """The Celery transport fed ``Message`` objects: the envelopes built in Python."""
 

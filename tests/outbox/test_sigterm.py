@@ -10,11 +10,6 @@ is sleeping inside its send to Redis.
 from __future__ import annotations
 
 import signal
-import uuid
-
-import pytest
-import redis
-from django.conf import settings as django_settings
 
 from tests.outbox.consumers import SlowRecorder
 from tests.outbox.helpers import (
@@ -30,17 +25,6 @@ from tests.outbox.helpers import (
 )
 
 A = 1
-
-@pytest.fixture
-def queue(settings):
-    """A Redis queue of this test's own, used by the relay."""
-    name = f"dio-outbox-test-{uuid.uuid4().hex[:8]}"
-    settings.OUTBOX = {**settings.OUTBOX, "CELERY_QUEUE": name}
-    client = redis.Redis.from_url(django_settings.CELERY_BROKER_URL)
-    yield name
-    client.delete(name)
-    client.close()
-
 
 def test_a_consumer_stopped_with_a_batch_in_flight_commits_it_and_exits_0(tmp_path):
     marker = tmp_path / "in-flight"
