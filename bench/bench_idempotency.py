@@ -175,7 +175,7 @@ class Run:
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _children(pid: int) -> list[int]:
+def children(pid: int) -> list[int]:
     try:
         tasks = Path(f"/proc/{pid}/task").iterdir()
         return [
@@ -187,7 +187,7 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def _cpu_seconds(pids: list[int]) -> float:
+def cpu_seconds(pids: list[int]) -> float:
     total = 0
     for pid in pids:
         try:
@@ -220,9 +220,9 @@ def run_wrk(
 ) -> Run:
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
         f.write(script + LUA_CHECK)
-    workers = _children(server) if server else []
-    backends = [postmaster, *_children(postmaster)] if postmaster else []
-    web0, db0 = _cpu_seconds(workers), _cpu_seconds(backends)
+    workers = children(server) if server else []
+    backends = [postmaster, *children(postmaster)] if postmaster else []
+    web0, db0 = cpu_seconds(workers), cpu_seconds(backends)
     try:
         out = subprocess.run(
             [
@@ -245,7 +245,7 @@ def run_wrk(
         ).stdout
     finally:
         os.unlink(f.name)
-    web1, db1 = _cpu_seconds(workers), _cpu_seconds(backends)
+    web1, db1 = cpu_seconds(workers), cpu_seconds(backends)
     rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     done = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
     bad = int(re.search(r"non2xx=(\d+)", out).group(1))  # type: ignore[union-attr]

@@ -37,27 +37,17 @@ os.environ.setdefault("DIO_TEST_DB", "dio_bench_cpu")
 os.environ["DIO_CONN_MAX_AGE"] = "600"  # persistent connections, as deployed
 os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
 
+from bench.bench_idempotency import children, cpu_seconds, postmaster_pid  # noqa: E402
+
 BODY = b'{"sku": "tea", "quantity": 2, "note": "benchmark order"}'
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_of(pids: list[int]) -> float:
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])
-    return total / _TICK
 
 
 def cluster_pids() -> list[int]:
     """The postmaster and its children (every process of the private cluster)."""
-    lock = Path(os.environ["DIO_PGSOCKET"], f".s.PGSQL.{os.environ['DIO_PGPORT']}.lock")
-    postmaster = int(lock.read_text().split()[0])
-    children = Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split()
-    return [postmaster, *map(int, children)]
+    postmaster = postmaster_pid()
+    if postmaster is None:
+        raise SystemExit("bench-idempotency-cpu: the private PostgreSQL is not running")
+    return [postmaster, *children(postmaster)]
 
 
 def main() -> None:
@@ -111,12 +101,12 @@ def main() -> None:
             make = workloads[name]
             for _ in range(50):
                 call(make())
-            own, db = time.process_time(), cpu_of(cluster)
+            own, db = time.process_time(), cpu_seconds(cluster)
             for _ in range(args.requests):
                 call(make())
             per = 1000 / args.requests
             measured[name].append(((time.process_time() - own) * per,
-                                   (cpu_of(cluster) - db) * per))
+                                   (cpu_seconds(cluster) - db) * per))
 
     print(f"{args.rounds} rounds x {args.requests} requests, in-process, one connection;"
           " CPU ms per request (median): this process + PostgreSQL")
@@ -171,11 +161,11 @@ def statements(n: int = 3000) -> None:
     for label, run in cases:
         for _ in range(200):
             run()
-        own, server = time.process_time(), cpu_of(backend)
+        own, server = time.process_time(), cpu_seconds(backend)
         for _ in range(n):
             run()
         print(f"  {label:40} {(time.process_time() - own) * 1e6 / n:6.0f}"
-              f" {(cpu_of(backend) - server) * 1e6 / n:6.0f}")
+              f" {(cpu_seconds(backend) - server) * 1e6 / n:6.0f}")
     cursor.execute("DEALLOCATE bench_lookup")
 
 
