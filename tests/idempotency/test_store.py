@@ -154,7 +154,6 @@ def test_a_peek_reads_the_key_in_autocommit_as_the_tenant_and_leaves_nothing_set
     assert setting in (None, "") and visible == 0
 
 
-
 def test_in_the_verified_context_a_peek_stands_aside(settings):
     # docs/roles.md: a verified token is bound to a transaction's start, which
     # a message sent in autocommit cannot know before it runs; the key is
@@ -165,6 +164,7 @@ def test_in_the_verified_context_a_peek_stands_aside(settings):
     finished()
     app_connection().ensure_connection()
     assert store.peek(app_alias(), request()) is None
+
 
 def test_a_peek_is_refused_inside_a_transaction():
     # There, its SET LOCAL would outlive the read: the caller reads in its transaction.
