@@ -27,7 +27,7 @@ from tests.outbox.helpers import (
     publish_many,
     wait_for,
 )
-from tests.outbox.test_processes import SUBPROCESS_SETTINGS, queue, queue_length  # noqa: F401
+from tests.outbox.test_processes import SUBPROCESS_SETTINGS, queue_length
 
 A = 1
 
