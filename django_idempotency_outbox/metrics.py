@@ -185,18 +185,14 @@ class OutboxCollector:
         from django.db import connections
         from prometheus_client.core import GaugeMetricFamily
 
-        from outbox import store
+        from outbox.status import observe
         from tenancy.aliases import system_alias
 
         ok = GaugeMetricFamily("dio_outbox_scrape_ok", "1 when the outbox gauges were read.")
         try:
             alias = system_alias(observability_settings.METRICS_DATABASE)
             try:
-                fence = store.current_fence(alias)
-                readers = store.reader_health(alias, fence)
-                held_back = store.count_held_back(alias, fence)
-                blocker = store.find_blocker(alias)
-                parked_counts = store.parked_counts(alias)
+                seen = observe(alias)
             finally:
                 connections[alias].close()
         except Exception as exc:  # a database error or a misconfigured alias: still answer
@@ -208,17 +204,18 @@ class OutboxCollector:
         ok.add_metric([], 1)
         yield ok
         behind = GaugeMetricFamily(
-            "dio_outbox_lag_messages", "Readable messages a reader has not passed yet.",
+            "dio_outbox_lag_messages",
+            "Committed messages a reader has not passed yet (held back or not).",
             labels=["reader", "partition"])
         lag = GaugeMetricFamily(
             "dio_outbox_lag_seconds",
-            "Age of the oldest readable message a reader has not passed (0: none).",
+            "Age of the first committed message a reader has not passed (0: none).",
             labels=["reader", "partition"])
         lease = GaugeMetricFamily(
             "dio_outbox_relay_lease_seconds",
             "Seconds left on a relay's lease; negative once it has run out (a relay died).",
             labels=["relay"])
-        for r in readers:
+        for r in seen.readers:
             labels = [r.name, str(r.partition)]
             behind.add_metric(labels, r.behind)
             lag.add_metric(labels, r.lag.total_seconds() if r.lag else 0.0)
@@ -229,18 +226,21 @@ class OutboxCollector:
         yield lease
         held = GaugeMetricFamily(
             "dio_outbox_held_back_messages",
-            "Committed messages waiting for an open publishing transaction to end.")
-        held.add_metric([], held_back)
+            "Committed messages waiting for an open transaction that published for their "
+            "tenant to end.")
+        held.add_metric([], seen.held_back)
         yield held
         age = GaugeMetricFamily(
             "dio_outbox_blocker_age_seconds",
-            "Age of the open publishing transaction holding delivery back (0: none).")
-        age.add_metric([], blocker.age.total_seconds() if blocker and blocker.age else 0.0)
+            "Age of the oldest open transaction that published (0: none); it holds back "
+            "its own tenants' later messages.")
+        ages = [p.age.total_seconds() for p in seen.publishers if p.age is not None]
+        age.add_metric([], max(ages, default=0.0))
         yield age
         parked_now = GaugeMetricFamily(
             "dio_outbox_parked_messages", "Messages in the dead-letter table, by consumer.",
             labels=["consumer"])
-        for name, count in sorted(parked_counts.items()):
+        for name, count in sorted(seen.parked.items()):
             parked_now.add_metric([name], count)
         yield parked_now
 

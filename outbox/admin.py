@@ -137,8 +137,8 @@ class ParkedMessageAdmin(_ParkedAdminBase):
 @admin.register(ReaderPositionRecord)
 class ReaderPositionAdmin(_PositionAdminBase):
     list_display = [
-        "name", "partition_label", "last_id", "behind", "lag", "last_processed_at",
-        "attempts", "lease",
+        "name", "partition_label", "last_id", "held_back", "behind", "lag",
+        "last_processed_at", "attempts", "lease",
     ]
     list_display_links = None
     actions = None
@@ -150,16 +150,21 @@ class ReaderPositionAdmin(_PositionAdminBase):
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
         alias = admin_alias()
         # One query for the page's lag columns, read when the page is.
-        health = store.reader_health(alias, store.current_fence(alias))
-        self._health = {(r.name, r.partition): r for r in health}
+        self._states = {(r.name, r.partition): r for r in store.reader_states(alias)}
         return super().changelist_view(request, extra_context)
 
-    def _row(self, obj: ReaderPositionRecord) -> store.ReaderHealth | None:
-        return getattr(self, "_health", {}).get((obj.name, obj.partition))
+    def _row(self, obj: ReaderPositionRecord) -> store.ReaderState | None:
+        return getattr(self, "_states", {}).get((obj.name, obj.partition))
 
     @admin.display(description="partition")
     def partition_label(self, obj: ReaderPositionRecord) -> str:
         return f"{obj.partition}/{obj.partition_count}"
+
+    @admin.display(description="tenants held back")
+    def held_back(self, obj: ReaderPositionRecord) -> str:
+        held = obj.held or {}
+        return ", ".join(f"{tenant} at {upto}" for tenant, upto in sorted(
+            held.items(), key=lambda item: int(item[0])))
 
     @admin.display(description="behind (messages)")
     def behind(self, obj: ReaderPositionRecord) -> int | str:

@@ -4,10 +4,11 @@ Two families, registered together by :func:`register`:
 
 - **The fence** (``outbox.E001``/``E002``, tagged ``database``). The fence
   (docs/guarantees.md) rests on two facts the database could be talked out
-  of after the migration created them: message ids come from
-  ``outbox_next_id()`` (which marks the writing transaction as a publisher in
-  flight), and its sequence hands out increasing values across sessions (no
-  values cached per session, no cycling, a positive increment). ``manage.py
+  of after the migrations created them: message ids come from the trigger
+  ``outbox_messages_mark_publisher`` (which marks the writing transaction as
+  a publisher in flight for the row's tenant), and its sequence hands out
+  increasing values across sessions (no values cached per session, no
+  cycling, a positive increment). ``manage.py
   check --database <alias>`` (and ``migrate``) verifies both.
 - **The receivers** (``outbox.W100``–``W105``). ``manage.py check`` loads the
   Celery app the outbox sends to (``OUTBOX["CELERY_APP"]``), imports its
@@ -54,8 +55,7 @@ def check_fence(
             continue  # not migrated yet (tenancy.E010 reports a database it cannot inspect)
         if facts is None:
             continue  # before the outbox's migration 0003
-        cache, increment, cycle, default = (facts.cache, facts.increment, facts.cycle,
-                                            facts.id_default)
+        cache, increment, cycle = facts.cache, facts.increment, facts.cycle
         if cache != 1 or increment <= 0 or cycle:
             errors.append(
                 checks.Error(
@@ -67,14 +67,22 @@ def check_fence(
                     id="outbox.E001",
                 )
             )
-        if default != "outbox_next_id()":
+        if not facts.marker_exists:
+            continue  # before the outbox's migration 0008 (migrate says so)
+        if facts.marking not in ("O", "A") or facts.id_default is not None:
+            found = ("no trigger marks publishers" if facts.marking is None
+                     else f"the marking trigger is disabled (tgenabled {facts.marking!r})"
+                     if facts.marking not in ("O", "A")
+                     else f"outbox_messages.id has the default {facts.id_default!r}")
             errors.append(
                 checks.Error(
-                    f"Database {alias!r}: the default of outbox_messages.id is {default!r}, "
-                    "not outbox_next_id(): new messages would not hold the readers' fence, "
-                    "and readers could skip messages committed late.",
-                    hint="ALTER TABLE outbox_messages ALTER COLUMN id SET DEFAULT "
-                    "outbox_next_id(); (docs/guarantees.md).",
+                    f"Database {alias!r}: {found}. Each new message must take its id from "
+                    "the trigger outbox_messages_mark_publisher (outbox_mark_publisher_v2()), "
+                    "which marks its transaction as a publisher in flight; without it, "
+                    "readers could skip messages committed late.",
+                    hint="ALTER TABLE outbox_messages ENABLE TRIGGER "
+                    "outbox_messages_mark_publisher; ALTER TABLE outbox_messages ALTER COLUMN "
+                    "id DROP DEFAULT; (docs/guarantees.md).",
                     id="outbox.E002",
                 )
             )

@@ -9,10 +9,10 @@ update commit or roll back together::
     BEGIN                                          -- worker alias
       SELECT ... FROM consumer_offsets             -- this partition's row,
        WHERE ... FOR UPDATE SKIP LOCKED            --   or skip: another worker has it
-      (read the fenced batch on the system alias, a statement of its own)
+      (read the next batch on the system alias, a statement of its own)
       for each tenant in the batch:
         SAVEPOINT; SET LOCAL app.tenant_id; handle(message) ...; RELEASE
-      UPDATE consumer_offsets SET last_id ...
+      UPDATE consumer_offsets SET last_id, held ...
     COMMIT
 
 A crash before COMMIT loses the handler's writes together with the offset
@@ -243,8 +243,9 @@ def _run_batch(consumer: Consumer, partition: int, worker: str, system: str) -> 
         )
         messages = batch.messages
         if not messages:
-            if offset.stale and batch.passed > offset.position:
-                store.advance_offset(worker, consumer.name, partition, batch.passed)
+            moved = batch.position_after(offset.position)
+            if offset.stale and moved != offset.position:
+                store.advance_offset(worker, consumer.name, partition, moved)
             return BatchResult()
         done, failure = _handle(consumer, messages, worker)
         head_passes = done > 0 or failure is None or offset.attempts + 1 >= max_attempts
@@ -253,12 +254,10 @@ def _run_batch(consumer: Consumer, partition: int, worker: str, system: str) -> 
             # error (its tenant's row) goes. (Failing again, it is replaced.)
             with tenant_context(messages[0].tenant_id, using=worker):
                 store.clear_failure(worker, consumer.name, partition)
-        position = messages[done - 1].position if done else offset.position
         if failure is None:
-            if len(messages) < limit and batch.passed > position:
-                position = batch.passed
-            store.advance_offset(worker, consumer.name, partition, position)
-            return BatchResult(handled=done, full=len(messages) == limit)
+            store.advance_offset(worker, consumer.name, partition, batch.position_after(
+                offset.position))
+            return BatchResult(handled=done, full=not batch.complete)
 
         message, exc = failure
         attempts = (offset.attempts if done == 0 else 0) + 1
@@ -271,7 +270,9 @@ def _run_batch(consumer: Consumer, partition: int, worker: str, system: str) -> 
             )
             with tenant_context(message.tenant_id, using=worker):
                 store.park(worker, consumer.name, message, attempts, error)
-            store.advance_offset(worker, consumer.name, partition, message.position)
+            # Past the parked message too: it is the (done + 1)th of the batch.
+            store.advance_offset(worker, consumer.name, partition,
+                                 batch.position_after(offset.position, done + 1))
             return BatchResult(handled=done, failed=True, parked=True, full=True)
         delay = _retry_delay(attempts)
         logger.warning(
@@ -283,7 +284,8 @@ def _run_batch(consumer: Consumer, partition: int, worker: str, system: str) -> 
         head_failure = HeadFailure(attempts, delay, error[-4000:])
         with tenant_context(message.tenant_id, using=worker):
             store.record_failure(worker, consumer.name, partition, message, head_failure)
-        store.advance_offset(worker, consumer.name, partition, position, head_failure)
+        store.advance_offset(worker, consumer.name, partition,
+                             batch.position_after(offset.position, done), head_failure)
         return BatchResult(handled=done, failed=True)
 
 

@@ -1,13 +1,17 @@
 """Is the outbox moving? The answer liveness and readiness probes ask for.
 
-Unhealthy when a reader (a consumer partition or a relay) has a readable
-message older than ``OUTBOX["HEALTH_MAX_LAG"]`` that it has not passed, or
-when the relay (``OUTBOX["RELAY"]``) holds no lease, or one that ran out more
-than ``OUTBOX["HEALTH_MAX_LEASE_AGE"]`` ago: a running relay renews its lease
-every quarter of ``RELAY_LEASE`` even when idle, so a stale lease means no
-relay is running. Consumers hold no lease: a dead consumer shows as lag once
-a message waits for it. ``outbox_health`` (the command) and
-:func:`outbox.health_view` (the view) both answer from :func:`check`.
+Unhealthy when a reader (a consumer partition or a relay) has a committed
+message older than ``OUTBOX["HEALTH_MAX_LAG"]`` that it has not passed —
+whatever holds it back: the reader is slow or stopped, its head message keeps
+failing, or an open transaction that published for the message's tenant holds
+that tenant back (each problem says which) — or when the relay
+(``OUTBOX["RELAY"]``) holds no lease, or one that ran out more than
+``OUTBOX["HEALTH_MAX_LEASE_AGE"]`` ago: a running relay renews its lease every
+quarter of ``RELAY_LEASE`` even when idle, so a stale lease means no relay is
+running. Consumers hold no lease: a dead consumer shows as lag once a message
+waits for it. ``outbox_health`` (the command) and :func:`outbox.health_view`
+(the view) both answer from :func:`check`, which judges what
+:func:`outbox.status.observe` reads.
 """
 
 from __future__ import annotations
@@ -15,11 +19,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from outbox import store
 from outbox.conf import outbox_settings
 from outbox.consumers import configured_consumers
-from outbox.store import ReaderHealth
-from tenancy.aliases import system_alias
+from outbox.status import Observation, observe
+from outbox.store import ReaderState
 
 
 @dataclass(frozen=True)
@@ -27,7 +30,7 @@ class Health:
     """The verdict, with one line per problem and the readers it looked at."""
 
     problems: list[str] = field(default_factory=list)
-    readers: list[ReaderHealth] = field(default_factory=list)
+    readers: list[ReaderState] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -66,27 +69,42 @@ def check(
         wanted = [c.name for c in configured_consumers()]
         if outbox_settings.RELAY if relay is None else relay:
             wanted.append(relay_name)
-    alias = system_alias(using)
-    fence = store.current_fence(alias)
-    rows = [r for r in store.reader_health(alias, fence) if r.name in wanted]
+    seen = observe(using)
+    rows = [r for r in seen.readers if r.name in wanted]
     problems: list[str] = []
-    seen = {r.name for r in rows}
+    present = {r.name for r in rows}
     for name in wanted:
-        if name not in seen:
+        if name not in present:
             problems.append(f"{name}: has never run (no offset row)")
     for r in rows:
-        where = r.name if r.is_relay else f"{r.name}[{r.partition}]"
         if r.lag is not None and r.lag.total_seconds() > lag_limit:
             problems.append(
-                f"{where}: {r.behind} message(s) behind, the oldest "
-                f"{r.lag.total_seconds():.0f} s old (limit {lag_limit:g} s)"
+                f"{r.where}: {r.behind} message(s) not passed, the first "
+                f"{r.lag.total_seconds():.0f} s old (limit {lag_limit:g} s): {_why(r, seen)}"
             )
         if r.is_relay:
             if r.lease_left is None:
-                problems.append(f"{where}: no relay holds the lease (none is running)")
+                problems.append(f"{r.where}: no relay holds the lease (none is running)")
             elif -r.lease_left > lease_limit:
                 problems.append(
-                    f"{where}: its lease ran out {-r.lease_left:.0f} s ago (limit "
+                    f"{r.where}: its lease ran out {-r.lease_left:.0f} s ago (limit "
                     f"{lease_limit:g} s): its relay stopped renewing it ({r.lease_owner})"
                 )
     return Health(problems, rows)
+
+
+def _why(reader: ReaderState, seen: Observation) -> str:
+    """What holds ``reader``'s first unpassed message back, as far as the database can tell."""
+    holder = seen.holding(reader.first_unpassed_tenant)
+    if holder is not None:
+        who = ("a prepared transaction" if holder.pid is None
+               else f"pid {holder.pid}, role {holder.user}, application "
+                    f"{holder.application or '-'}")
+        age = f", open {holder.age.total_seconds():.0f} s" if holder.age is not None else ""
+        return (f"tenant {reader.first_unpassed_tenant} is held back by an open transaction "
+                f"that published for it ({who}{age}); outbox_status shows it")
+    if reader.attempts:
+        return f"its head message has failed {reader.attempts} time(s) and is retried"
+    if reader.is_relay:
+        return "the relay is not keeping up, or not running"
+    return "the consumer is not keeping up, or not running"

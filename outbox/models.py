@@ -3,9 +3,10 @@
 Rows of ``outbox_messages`` are written by :func:`outbox.publish` with one SQL
 statement and read by the relay and the consumers with SQL of their own; the
 models are for reading, the admin and the tests. The parts Django cannot
-express (the id default that marks a publisher in flight, the ``xid8``
-default, the SQL functions of the fence, the delivery index and the row-level
-security policies) are in ``outbox/sql/``.
+express (the trigger that gives each message its id and marks its
+transaction as a publisher in flight, the ``xid8`` default, the SQL functions
+of the fence, the delivery index and the row-level security policies) are in
+``outbox/sql/``.
 """
 
 from __future__ import annotations
@@ -35,12 +36,13 @@ class OutboxMessage(models.Model):
     """One event, written in the same transaction as the change it announces.
 
     Append-only: the app role may insert and read (its own tenant's rows), never
-    update or delete. ``id`` comes from ``outbox_next_id()``, which marks the
-    writing transaction as a publisher in flight until it ends; readers follow
-    ids in order and read only below the lowest id such a publisher may still
-    commit, so a message committed late is never skipped (see
-    docs/guarantees.md). ``xid`` is the writing transaction's id, kept for
-    people (it no longer orders anything).
+    update or delete. ``id`` is given by the database (a trigger; an insert that
+    names one is refused), which first marks the writing transaction as a
+    publisher in flight for the row's tenant until it ends; readers follow ids
+    in order and, of each tenant, read only below the lowest id such a
+    publisher may still commit, so a message committed late is never skipped
+    (see docs/guarantees.md). ``xid`` is the writing transaction's id, kept for
+    people (it orders nothing).
     """
 
     tenant_isolated = True
@@ -71,7 +73,10 @@ class ConsumerOffset(models.Model):
     """How far one reader (a consumer partition, or a relay) has read.
 
     Global, not per tenant: a reader follows the one stream of all tenants.
-    The position is ``last_id``, the id of the last message passed. ``attempts``
+    The position is ``last_id``, the id of the last message passed, for every
+    tenant but those in ``held`` (tenant id -> the last id passed of that
+    tenant, while a publisher of it was in flight; :class:`outbox.stream.Position`).
+    ``attempts``
     and ``retry_at`` count and pace the failures of the message at the head of
     this partition; what failed, and how, is tenant data and is kept in
     :class:`ConsumerFailure`, under row-level security. ``lease_owner`` and
@@ -84,6 +89,7 @@ class ConsumerOffset(models.Model):
     partition = models.IntegerField(default=0)
     partition_count = models.IntegerField(default=1)
     last_id = models.BigIntegerField(default=0)
+    held = models.JSONField(default=dict)
     last_processed_at = models.DateTimeField(null=True)
     attempts = models.IntegerField(default=0)
     retry_at = models.DateTimeField(null=True)
@@ -221,6 +227,7 @@ class ReaderPositionRecord(models.Model):
     partition = models.IntegerField()
     partition_count = models.IntegerField()
     last_id = models.BigIntegerField()
+    held = models.JSONField()
     last_processed_at = models.DateTimeField(null=True)
     attempts = models.IntegerField()
     lease_owner = models.CharField(max_length=200)

@@ -9,7 +9,7 @@ cannot share a transaction with the offset. Each round therefore is::
                                                     when the lease is not held:
                                                     then the position known
                                                     here is current)
-    2. read the fenced batch after the offset      (one SELECT)
+    2. read the next batch after the position      (one SELECT)
     3. send the batch to the broker                (no transaction open)
     4. advance the offset, compare-and-set on the old position and the lease
 
@@ -62,7 +62,7 @@ from outbox.consumers import require_cross_tenant_reader
 from outbox.exceptions import RewindRefused
 from outbox.loops import DATABASE_ERRORS, run_loop, stop_on_signals
 from outbox.publishing import wake_up
-from outbox.stream import Batch, Envelope, Message
+from outbox.stream import Batch, Envelope, Message, Position
 from outbox.transports import Transport, get_transport
 from tenancy.aliases import system_alias, worker_alias
 
@@ -185,10 +185,10 @@ class Relay:
         self._checked = False
         # While the lease is ours (the heartbeat keeps it), the position is
         # known here: no statement per poll but the read.
-        self._position: int | None = None
+        self._position: Position | None = None
         self._heartbeat: _Heartbeat | None = None
 
-    def _claim(self) -> int | None:
+    def _claim(self) -> Position | None:
         heartbeat = self._heartbeat
         if self._position is not None and heartbeat is not None and not heartbeat.lost.is_set():
             return self._position
@@ -228,6 +228,14 @@ class Relay:
         else:
             batch = store.read_batch(self.alias, position, self.batch_size)
         if not batch.messages:
+            # Nothing to send, but the position may still move: past ids that
+            # were rolled back, and off tenants whose publisher has ended.
+            moved = batch.position_after(position)
+            if moved != position:
+                advanced = store.advance_leased(
+                    self.lease_alias, self.offset_name, self.owner, position, moved
+                )
+                self._position = moved if advanced else None
             return False
         if self._heartbeat is None or self._heartbeat.lost.is_set():
             self._position = None  # another relay took over while this one read
@@ -261,9 +269,9 @@ class Relay:
         if self._broker_failures:
             logger.info("outbox: relay %s reaches the broker again", self.name)
             self._broker_failures = 0
-        last = batch.messages[-1].id
+        moved = batch.position_after(position)
         advanced = store.advance_leased(
-            self.lease_alias, self.offset_name, self.owner, position, last
+            self.lease_alias, self.offset_name, self.owner, position, moved
         )
         if not advanced:
             self._position = None
@@ -273,10 +281,10 @@ class Relay:
                 self.name, len(batch.messages),
             )
             return False
-        self._position = last
+        self._position = moved
         self.sent += len(batch.messages)
         metrics.relayed(self.name, len(batch.messages))
-        return len(batch.messages) == self.batch_size
+        return not batch.complete
 
     def drain(self) -> int:
         """Relay until nothing is left below the fence; return messages sent.
@@ -397,7 +405,7 @@ def rewind(
         return Rewind(relay, target, {}, False,
                       f"relay {relay} has not run yet: it will send everything from the start")
     current = positions[0]
-    if target.before >= current:
+    if target.before >= current.last:
         return Rewind(relay, target, {}, False,
                       f"relay {relay} has not sent message {target.message_id} yet")
     resend = store.count_between(alias, target.before, current)

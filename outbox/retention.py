@@ -1,7 +1,8 @@
 """Deleting old messages, never one that a reader has not passed.
 
 A message is deleted when it is older than ``OUTBOX["RETENTION"]`` AND its
-id is at or below the position of every reader: every row of
+id is at or below the floor of every reader (the id below which it has passed
+every message, of every tenant; :attr:`outbox.stream.Position.floor`): every row of
 ``consumer_offsets`` (all consumer partitions and relays) and every
 configured consumer or relay that has no row yet (it will start from the
 beginning, so nothing may go). A consumer that is retired must have its
@@ -48,7 +49,7 @@ def horizon(using: str | None = None) -> int | None:
     present = {(r.name, r.partition) for r in readers}
     if not readers or expected - present:
         return None
-    return min(r.position for r in readers)
+    return min(r.position.floor for r in readers)
 
 
 def reap(batch_size: int | None = None, using: str | None = None) -> ReapResult:

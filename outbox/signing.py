@@ -74,9 +74,11 @@ def signed(batch: Batch[Any], key: SigningKey) -> Batch[Any]:
     it, is decoded to be signed and gets the signature appended as its last
     key, the rest of the text left as it was.
     """
-    return Batch([_sign_envelope(item, key) if isinstance(item, Envelope)
-                  else replace(item, signature=signature(item.envelope(), key))
-                  for item in batch.messages], batch.fence)
+    return replace(batch, messages=[
+        _sign_envelope(item, key) if isinstance(item, Envelope)
+        else replace(item, signature=signature(item.envelope(), key))
+        for item in batch.messages
+    ])
 
 
 def _sign_envelope(envelope: Envelope, key: SigningKey) -> Envelope:

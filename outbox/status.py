@@ -1,4 +1,12 @@
-"""What ``outbox_status`` reports: lag, stuck messages, and what holds delivery back."""
+"""What the outbox looks like now: one read, for ``outbox_status``, health, metrics and the admin.
+
+:func:`observe` reads, on the system alias, every reader's position and what
+it has not passed, the publishing transactions still in flight (what holds
+some tenant's delivery back, and who they are) and the parked messages.
+``outbox_status`` prints it, :func:`outbox.health.check` judges it, the
+metrics collector exports it and the admin lists it: one query per fact, one
+meaning everywhere.
+"""
 
 from __future__ import annotations
 
@@ -6,41 +14,67 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from outbox import store
-from outbox.store import Blocker, ReaderLag
+from outbox.store import Publisher, ReaderState
 from tenancy.aliases import system_alias
 
 
 @dataclass(frozen=True)
-class Status:
-    fence: int
-    readers: list[ReaderLag]
-    oldest_unpassed_age: timedelta | None
+class Observation:
+    """The outbox as the system role sees it.
+
+    Attributes:
+        allocated: the last message id handed out.
+        readers: every consumer partition and relay, by name and partition.
+        publishers: the transactions that published and are still open, lowest
+            bound first. Each holds back the later messages of its own tenants
+            (and only theirs) until it ends.
+        held_back: committed messages waiting for one of ``publishers``.
+        parked: dead-letter rows per consumer.
+        messages: all messages in the outbox (counted only when asked: a full count).
+    """
+
+    allocated: int
+    readers: list[ReaderState]
+    publishers: list[Publisher]
     held_back: int
     parked: dict[str, int]
-    blocker: Blocker | None
-    messages: int
+    messages: int | None = None
+
+    @property
+    def oldest_unpassed_age(self) -> timedelta | None:
+        """The age of the oldest first-unpassed message of any reader (None: all caught up)."""
+        ages = [r.lag for r in self.readers if r.lag is not None]
+        return max(ages) if ages else None
+
+    def holding(self, tenant_id: int | None) -> Publisher | None:
+        """The open publisher, lowest bound first, that holds ``tenant_id`` back (if any)."""
+        if tenant_id is None:
+            return None
+        return next((p for p in self.publishers if p.any_tenant or tenant_id in p.tenants),
+                    None)
 
 
-def status(using: str | None = None) -> Status:
-    """Collect the outbox's health, as the system role sees it.
+def observe(using: str | None = None, *, count_messages: bool = False) -> Observation:
+    """Read the outbox's state (see :class:`Observation`).
 
-    ``fence`` is the first id readers may not read yet. ``held_back`` counts
-    the committed messages at or above it, which wait for a publishing
-    transaction still in flight; ``blocker`` is that transaction (the one
-    with the lowest bound), whether or not anything waits for it yet. Its
-    query text, state and age need the system role to be a member of
-    ``pg_read_all_stats`` (else they are None; its pid is always there).
+    A publisher's query text, state and start need the system role to be a
+    member of ``pg_read_all_stats`` (else they are None; its pid, role and
+    application name are always there).
+
+    Args:
+        using: the system alias (``TENANCY["SYSTEM_DATABASE"]`` when omitted).
+        count_messages: also count every message (``outbox_status`` does).
     """
     alias = system_alias(using)
-    fence = store.current_fence(alias)
-    # Every statement below runs after the fence was taken, so a message it
-    # counts as held back was committed then or later.
-    readers = store.reader_lags(alias, fence)
-    total = store.count_messages(alias)
-    held_back = store.count_held_back(alias, fence)
-    oldest = None
-    if readers:
-        oldest = store.oldest_unpassed_age(alias, min(r.position for r in readers))
+    allocated = store.last_allocated(alias)
+    readers = store.reader_states(alias)
+    publishers = store.publishers_in_flight(alias)
+    held_back = store.count_waiting(alias, publishers)
     parked = store.parked_counts(alias)
-    blocker = store.find_blocker(alias)
-    return Status(fence, readers, oldest, held_back, parked, blocker, total)
+    total = store.count_messages(alias) if count_messages else None
+    return Observation(allocated, readers, publishers, held_back, parked, total)
+
+
+def status(using: str | None = None) -> Observation:
+    """What ``outbox_status`` prints: :func:`observe`, with every message counted."""
+    return observe(using, count_messages=True)

@@ -16,10 +16,10 @@ Rows come back as the types below, or as :class:`~outbox.stream.Message`,
 positional tuples.
 
 The ORM is used where it costs nothing that could be measured; hand-written
-SQL where it earns its place, with the reason beside it. The delivery fence
-(what may be read) is computed in one place, the SQL function
-``outbox_fence()`` (``outbox/sql/0003_publisher_fence.sql``), which every
-read and ``outbox_status`` call; :func:`read_batch` says why it is safe.
+SQL where it earns its place, with the reason beside it. What may be read is
+decided in one place, the SQL functions of ``outbox/sql/0008_tenant_fence.sql``
+(``outbox_read_v2()`` and the publishers in flight it reads,
+``outbox_publishers_v2()``); :func:`read_batch` says why it is safe.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from django.db import connections
 from django.db.models import Count, F, Q
 from django.db.models.functions import Now
 
-from outbox.stream import ENVELOPE_KEYS, Batch, Envelope, Message
+from outbox.stream import ENVELOPE_KEYS, Batch, Envelope, Message, Position
 
 # The models are imported by the functions that use them: publish() and
 # receive() import this module, and may be imported before Django's app
@@ -50,14 +50,14 @@ class OffsetRow:
     """A consumer partition's offset row, locked by the caller's transaction.
 
     Attributes:
-        position: the id of the last message passed.
-        attempts: failed attempts at the message after ``position`` (0: none).
+        position: what the partition has passed.
+        attempts: failed attempts at the first message after ``position`` (0: none).
         waiting: that message's next attempt is not due yet.
         stale: not advanced for 5 seconds (or never), so moving it past a
             quiet stretch of the stream is worth a write.
     """
 
-    position: int
+    position: Position
     attempts: int
     waiting: bool
     stale: bool
@@ -85,54 +85,84 @@ class ReaderPosition:
 
     name: str
     partition: int
-    position: int
+    position: Position
 
 
 @dataclass(frozen=True)
-class ReaderLag:
-    """One reader (a consumer partition or a relay).
+class Publisher:
+    """A transaction that has published and is still open: it holds its tenants back.
 
     Attributes:
-        behind: messages below the fence that it has not passed yet (for a
-            consumer with topics or partitions, an upper bound: rows of other
-            topics and partitions count too).
-        attempts: failed attempts at the head message (0: none).
+        pid: its backend (None for a prepared transaction).
+        tenants: the tenants it published for (their later messages wait).
+        any_tenant: it is marked as publishing for any tenant (a tenant's key
+            was held by someone else): every tenant's later messages wait.
+        bound: the lowest bound its marks name: of those tenants, messages
+            with larger ids wait for it (0: all of them not yet passed).
+        since: when the transaction began (prepared: when it was prepared);
+            None unless the system role may see it (``pg_read_all_stats``).
+        state: ``pg_stat_activity.state``, or ``"prepared"``.
+        query: its last statement, or the prepared transaction's gid.
+        user, application: its role and ``application_name``.
+        waiting: committed messages of its tenants that wait for it.
+    """
+
+    pid: int | None
+    tenants: tuple[int, ...]
+    any_tenant: bool
+    bound: int
+    since: datetime | None
+    age: timedelta | None
+    state: str | None
+    query: str | None
+    user: str | None
+    application: str | None
+    waiting: int = 0
+
+
+@dataclass(frozen=True)
+class ReaderState:
+    """One reader (a consumer partition or a relay), as status, health and metrics see it.
+
+    Attributes:
+        position: what it has passed.
+        behind: committed messages it has not passed yet, held back or not
+            (for a consumer with topics or partitions, an upper bound: rows
+            of other topics and partitions count until it moves past them).
+        lag: the age of the first message (in delivery order) it has not
+            passed; None when it has passed every committed message.
+        first_unpassed_tenant: that message's tenant.
+        last_processed_age: since it last moved (None: never).
+        attempts: failed attempts at its head message (0: none).
         last_error, failing_tenant: the head's last error and its tenant, from
             ``outbox_consumer_failures`` (read across tenants by the system role).
+        lease_left: relays only: seconds until the lease runs out, negative
+            once it has (None: no lease held, e.g. after a clean stop).
+        lease_owner: relays only: host:pid:token of the holder ("" when none).
     """
 
     name: str
     partition: int
     partition_count: int
-    position: int
+    position: Position
     behind: int
+    lag: timedelta | None
+    first_unpassed_tenant: int | None
     last_processed_age: timedelta | None
     attempts: int
     last_error: str
-    failing_tenant: int | None = None
+    failing_tenant: int | None
+    lease_left: float | None
+    lease_owner: str
 
+    @property
+    def is_relay(self) -> bool:
+        return self.name.startswith("relay:")
 
-@dataclass(frozen=True)
-class Blocker:
-    """The publishing transaction still in flight with the lowest bound: it holds the fence.
-
-    Attributes:
-        pid: its backend (None for a prepared transaction).
-        bound: the bound its lock names; messages with larger ids wait for it.
-        age: how long the transaction has been open (prepared: since PREPARE);
-            None unless the system role may see it (``pg_read_all_stats``).
-        state: ``pg_stat_activity.state``, or ``"prepared"``.
-        query: its last statement, or the prepared transaction's gid.
-        database, user: where and as whom it runs.
-    """
-
-    pid: int | None
-    bound: int
-    age: timedelta | None
-    state: str | None
-    query: str | None
-    database: str | None
-    user: str | None
+    @property
+    def where(self) -> str:
+        """``name`` for a relay, ``name[partition]`` for a consumer."""
+        return self.name if self.is_relay else f"{self.name}[{self.partition}]"
 
 
 @dataclass(frozen=True)
@@ -178,9 +208,10 @@ def _to_jsonb(value: Any) -> str:
 # -- publishing ---------------------------------------------------------------
 
 # Hand-written: one round trip on the caller's hot path. The id and xid come
-# from column defaults the models do not know: outbox_next_id() marks this
-# transaction as a publisher in flight (the fence) before it takes the id, and
-# pg_current_xact_id() records the transaction.
+# from what the models do not know: the trigger outbox_mark_publisher_v2()
+# marks this transaction as a publisher in flight for the row's tenant (the
+# fence) before it gives the id, and pg_current_xact_id() records the
+# transaction.
 _INSERT_MESSAGE = """
 INSERT INTO outbox_messages
        (tenant_id, message_id, topic, key, aggregate_type, aggregate_id, payload, headers)
@@ -216,15 +247,6 @@ def insert_message(
 
 # -- the stream ---------------------------------------------------------------
 
-#: The delivery fence: the first id a reader may not read yet. Computed by one
-#: SQL function (``outbox/sql/0003_publisher_fence.sql``): the last id handed
-#: out, or the lowest bound named by a publisher still in flight, plus one.
-#: Only a transaction that has published and is still open holds it back
-#: (:func:`count_held_back` counts what waits, :func:`find_blocker` names the
-#: transaction). The reads, ``outbox_status`` and :class:`~outbox.stream.Batch`
-#: all take it from there.
-FENCE = "outbox_fence()"
-
 _MESSAGE_COLUMNS = (
     "m.id, m.message_id, m.tenant_id, m.topic, m.payload, m.key, m.aggregate_type,"
     " m.aggregate_id, m.headers, m.created_at, m.xid::text"
@@ -251,72 +273,77 @@ _ENVELOPE_COLUMNS = "m.id, m.xid::text, m.message_id::text, m.topic, " + _ENVELO
 
 def read_batch(
     using: str,
-    after: int,
+    position: Position,
     limit: int,
     *,
     topics: Sequence[str] | None = None,
     partition: int = 0,
     partition_count: int = 1,
 ) -> Batch[Message]:
-    """The next messages after ``after``, below the fence, in id order.
+    """The next messages a reader at ``position`` may pass, in id order.
 
-    This is the read that makes offsets gap-safe. A reader remembers the id of
-    the last message it passed and asks for the next rows in id order, but
-    only those below the fence F, and in a snapshot taken after F::
+    This is the read that makes positions gap-safe. Every transaction that
+    writes a message marks itself, before the message's id is taken, with
+    transaction-level locks that name the message's tenant and a bound below
+    every id the transaction takes (the trigger ``outbox_mark_publisher_v2()``),
+    and holds them until it ends. The read (``outbox_read_v2()``) then takes,
+    in this order::
 
-        F := outbox_fence()       -- the last id handed out V, read first, then
-                                  -- the lowest bound b of a publisher in flight:
-                                  -- F = min(V, b) + 1
-        SELECT ... WHERE id > last_id AND id < F ORDER BY id   -- a new snapshot
+        A := the last id handed out             -- read first
+        W := the publishers in flight           -- pg_locks: tenant -> lowest bound b
+        SELECT ... in a new snapshot            -- rows after the position, up to A,
+                                                -- but of a tenant in W only up to b
 
-    Every transaction that writes a message takes, before its first id, a
-    lock naming a bound below every id it will take (``outbox_next_id()``)
-    and holds it until it ends. A row with an id below F was therefore
-    written by a transaction that had its lock before V was read: if it was
-    still open at the lock scan, its bound would have made F no larger than
-    that id; so it had ended, and ended before the snapshot was taken (a
+    A row of tenant t with an id at or below A was written by a transaction
+    that had marked itself before A was read. If that transaction was still
+    open when W was read, W holds t at a bound below the row's id, and the
+    row is not read; else it had ended before the snapshot was taken (a
     transaction is visible before its locks are released), so the snapshot
-    sees the row, or it was rolled back. Nothing below F can still appear;
-    a row committed later has an id at or above F and sorts after everything
-    read so far. (docs/guarantees.md has the whole argument.) Reading
-    ``WHERE id > last_id`` without the fence loses a row whose transaction
-    took its id first and committed last.
+    sees the row, or it was rolled back. So nothing this read passes can
+    still appear behind the reader, of any tenant; a row committed later
+    either has an id above A, or is of a tenant the reader holds back
+    (:class:`~outbox.stream.Position`) and reads when its publisher ends.
+    (docs/guarantees.md has the whole argument.) Reading ``WHERE id >
+    last_id`` without this loses a row whose transaction took its id first
+    and committed last.
 
     The price: a publishing transaction that stays open holds back the
-    messages with larger ids until it ends (``outbox_status`` names it);
-    other transactions, however long, hold nothing back.
+    messages of its own tenants with larger ids until it ends
+    (``outbox_status`` names it); other tenants' messages, and other
+    transactions, however long, are not held back. A transaction's marks
+    count only while it holds the outbox's write lock: a lock a session keeps
+    after its transaction holds nothing back.
 
     Run on the system alias (it sees every tenant), under READ COMMITTED
-    (``outbox_read()`` refuses anything else: it needs a new snapshot for its
-    second statement), in a statement of its own.
+    (``outbox_read_v2()`` refuses anything else: it needs a new snapshot for
+    its last statement), in a statement of its own.
 
     Args:
         using: a database alias whose role is not subject to row-level security.
-        after: the reader's position, the id of the last message passed.
+        position: the reader's position.
         limit: at most this many messages.
         topics: only these topics (None: all).
         partition, partition_count: only messages whose key hashes to ``partition``.
     """
-    fence, rows = _fenced_select(
-        using, _MESSAGE_COLUMNS, after, limit, topics, partition, partition_count
+    allocated, in_flight, rows = _read(
+        using, _MESSAGE_COLUMNS, position, limit, topics, partition, partition_count
     )
-    messages = [_message(row) for row in rows]
-    messages.sort(key=lambda m: m.id)
-    return Batch(messages, fence)
+    messages = sorted((_message(row) for row in rows), key=lambda m: m.id)
+    return Batch(messages, allocated, in_flight, limit)
 
 
-def read_envelopes(using: str, after: int, limit: int) -> Batch[Envelope]:
+def read_envelopes(using: str, position: Position, limit: int) -> Batch[Envelope]:
     """As :func:`read_batch` (all topics, one partition), each message as an :class:`Envelope`.
 
     PostgreSQL writes each envelope's JSON, in the same statement and snapshot.
     """
-    fence, rows = _fenced_select(using, _ENVELOPE_COLUMNS, after, limit, None, 0, 1)
-    envelopes = [
-        Envelope(id_, int(xid), message_id, topic, text)
-        for id_, xid, message_id, topic, text in rows
-    ]
-    envelopes.sort(key=lambda e: e.id)
-    return Batch(envelopes, fence)
+    allocated, in_flight, rows = _read(using, _ENVELOPE_COLUMNS, position, limit, None, 0, 1)
+    envelopes = sorted(
+        (Envelope(id_, int(xid), message_id, topic, text)
+         for id_, xid, message_id, topic, text in rows),
+        key=lambda e: e.id,
+    )
+    return Batch(envelopes, allocated, in_flight, limit)
 
 
 def _message(row: Sequence[Any]) -> Message:
@@ -337,38 +364,39 @@ def _message(row: Sequence[Any]) -> Message:
     )
 
 
-def _fenced_select(
+def _read(
     using: str,
     columns: str,
-    after: int,
+    position: Position,
     limit: int,
     topics: Sequence[str] | None,
     partition: int,
     partition_count: int,
-) -> tuple[int, list[Sequence[Any]]]:
-    """The fence and the selected ``columns`` of the next rows (see :func:`read_batch`)."""
-    # Hand-written: outbox_read() computes the fence and then reads the rows
-    # in a snapshot of its own, taken after the fence, in one round trip (one
-    # SELECT could not: its snapshot is taken before anything in it runs). It
-    # returns the fence alone when no row matches; ``m`` is each row's columns.
+) -> tuple[int, dict[int, int], list[Sequence[Any]]]:
+    """The last id handed out, the publishers in flight and the selected ``columns`` of the
+    next rows (see :func:`read_batch`)."""
+    # Hand-written: outbox_read_v2() reads the last id handed out and the
+    # publishers in flight, and then the rows in a snapshot of its own, taken
+    # after both, in one round trip (one SELECT could not: its snapshot is
+    # taken before anything in it runs). It returns the first two alone when
+    # no row matches; ``m`` is each row's columns.
     sql = f"""
-        SELECT r.fence, {columns}
-          FROM outbox_read(%s, %s, %s, %s, %s) AS r
+        SELECT r.allocated, r.in_flight::text, {columns}
+          FROM outbox_read_v2(%s, %s::jsonb, %s, %s, %s, %s) AS r
          CROSS JOIN LATERAL (SELECT (r.message).*) AS m
     """
-    params = [after, limit, None if topics is None else list(topics), partition, partition_count]
+    params: list[Any] = [
+        position.last, position.json(), limit, None if topics is None else list(topics),
+        partition, partition_count,
+    ]
     with connections[using].cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    fence = int(rows[0][0])
-    return fence, [row[1:] for row in rows if row[1] is not None]
-
-
-def current_fence(using: str) -> int:
-    """The fence now: the first id that a read on ``using`` would not return."""
-    with connections[using].cursor() as cursor:
-        cursor.execute(f"SELECT {FENCE}")
-        return int(cursor.fetchone()[0])
+    # A publisher for any tenant ("*") caps ``allocated`` already (outbox_read_v2()).
+    allocated = int(rows[0][0])
+    in_flight = {int(tenant): int(bound) for tenant, bound in json.loads(rows[0][1]).items()
+                 if tenant != "*"}
+    return allocated, in_flight, [row[2:] for row in rows if row[2] is not None]
 
 
 # -- consumer offsets ---------------------------------------------------------
@@ -405,7 +433,7 @@ def create_offsets(using: str, name: str, partitions: int) -> int:
 # Hand-written: SKIP LOCKED (another worker has the partition: move on), and
 # the clock comparisons made by the database, on the consumer's hot path.
 _LOCK_OFFSET = """
-SELECT last_id, attempts, coalesce(retry_at > now(), false),
+SELECT last_id, held::text, attempts, coalesce(retry_at > now(), false),
        coalesce(last_processed_at < now() - interval '5 seconds', true){watch}
   FROM consumer_offsets
  WHERE name = %s AND partition = %s
@@ -454,15 +482,15 @@ def lock_offset(
         row = cursor.fetchone()
     if row is None:
         return None
-    last_id, attempts, waiting, stale = row[:4]
-    return OffsetRow(last_id, attempts, waiting, stale)
+    last_id, held, attempts, waiting, stale = row[:5]
+    return OffsetRow(Position.of_row(last_id, held), attempts, waiting, stale)
 
 
 # Hand-written: once per batch on the consumer's hot path; retry_at is taken
 # from the database clock.
 _ADVANCE_OFFSET = """
 UPDATE consumer_offsets
-   SET last_id = %s, last_processed_at = now(),
+   SET last_id = %s, held = %s::jsonb, last_processed_at = now(),
        attempts = %s, retry_at = now() + make_interval(secs => %s)
  WHERE name = %s AND partition = %s
 """
@@ -472,7 +500,7 @@ def advance_offset(
     using: str,
     name: str,
     partition: int,
-    position: int,
+    position: Position,
     failure: HeadFailure | None = None,
 ) -> None:
     """Move a consumer partition to ``position``, counting (or clearing) its head's failures.
@@ -481,7 +509,9 @@ def advance_offset(
     """
     attempts, retry_in = (0, None) if failure is None else (failure.attempts, failure.retry_in)
     with connections[using].cursor() as cursor:
-        cursor.execute(_ADVANCE_OFFSET, [position, attempts, retry_in, name, partition])
+        cursor.execute(_ADVANCE_OFFSET, [
+            position.last, position.json(), attempts, retry_in, name, partition,
+        ])
 
 
 # Hand-written: one upsert per failure, as the failing message's tenant.
@@ -518,8 +548,11 @@ def reader_positions(using: str) -> list[ReaderPosition]:
     """Every reader's position (all consumer partitions and relays)."""
     from outbox.models import ConsumerOffset
 
-    rows = ConsumerOffset.objects.using(using).values_list("name", "partition", "last_id")
-    return [ReaderPosition(name, partition, int(last_id)) for name, partition, last_id in rows]
+    rows = ConsumerOffset.objects.using(using).values_list("name", "partition", "last_id", "held")
+    return [
+        ReaderPosition(name, partition, Position.of_row(last_id, held))
+        for name, partition, last_id, held in rows
+    ]
 
 
 # -- the relay's lease --------------------------------------------------------
@@ -531,7 +564,7 @@ UPDATE consumer_offsets
    SET lease_owner = %s, lease_until = now() + make_interval(secs => %s)
  WHERE name = %s AND partition = 0
    AND (lease_owner = %s OR lease_until IS NULL OR lease_until < now())
-RETURNING last_id
+RETURNING last_id, held::text
 """
 
 # Hand-written: extends the lease only while it is still this owner's. The
@@ -550,12 +583,12 @@ UPDATE consumer_offsets
 # Hand-written: a compare-and-set on the old position and the lease owner.
 _ADVANCE_LEASED = """
 UPDATE consumer_offsets
-   SET last_id = %s, last_processed_at = now()
- WHERE name = %s AND partition = 0 AND last_id = %s AND lease_owner = %s
+   SET last_id = %s, held = %s::jsonb, last_processed_at = now()
+ WHERE name = %s AND partition = 0 AND last_id = %s AND held = %s::jsonb AND lease_owner = %s
 """
 
 
-def claim_lease(using: str, name: str, owner: str, seconds: float) -> int | None:
+def claim_lease(using: str, name: str, owner: str, seconds: float) -> Position | None:
     """Take or renew the lease on the offset row ``name`` for ``seconds``.
 
     Creates the row (at the start of the outbox) if it is missing. Each
@@ -574,7 +607,7 @@ def claim_lease(using: str, name: str, owner: str, seconds: float) -> int | None
                 row = cursor.fetchone()
     if row is None:
         return None
-    return int(row[0])
+    return Position.of_row(*row)
 
 
 def renew_lease(using: str, name: str, owner: str, seconds: float) -> bool:
@@ -588,14 +621,18 @@ def renew_lease(using: str, name: str, owner: str, seconds: float) -> bool:
         return int(cursor.rowcount) == 1
 
 
-def advance_leased(using: str, name: str, owner: str, expected: int, position: int) -> bool:
+def advance_leased(
+    using: str, name: str, owner: str, expected: Position, position: Position
+) -> bool:
     """Move the offset row ``name`` from ``expected`` to ``position`` if ``owner`` holds its lease.
 
     Returns:
         False when the row was not at ``expected`` or the lease is another's.
     """
     with connections[using].cursor() as cursor:
-        cursor.execute(_ADVANCE_LEASED, [position, name, expected, owner])
+        cursor.execute(_ADVANCE_LEASED, [
+            position.last, position.json(), name, expected.last, expected.json(), owner,
+        ])
         return int(cursor.rowcount) == 1
 
 
@@ -650,11 +687,13 @@ SELECT {_MARK_COLUMNS} FROM outbox_messages AS m
 
 _OLDEST_MARK = f"SELECT {_MARK_COLUMNS} FROM outbox_messages AS m ORDER BY m.created_at LIMIT 1"
 
-# Hand-written: messages a reader moved from ``upto`` back to ``after`` reads
-# again, per topic, along the delivery index.
+# Hand-written: messages a reader moved from a position back to ``after``
+# reads again (those after it that the position had passed), per topic, along
+# the delivery index.
 _COUNT_BETWEEN = """
 SELECT m.topic, count(*) FROM outbox_messages AS m
  WHERE m.id > %s AND m.id <= %s
+   AND m.id <= coalesce((%s::jsonb ->> m.tenant_id::text)::bigint, m.id)
  GROUP BY m.topic ORDER BY m.topic
 """
 
@@ -667,6 +706,8 @@ SELECT m.topic, count(*) FROM outbox_messages AS m
 _SET_RELAY_POSITION = """
 UPDATE consumer_offsets
    SET last_id = %s, last_processed_at = now(),
+       held = (SELECT coalesce(jsonb_object_agg(h.tenant, h.upto), '{}'::jsonb)
+                 FROM jsonb_each(held) AS h(tenant, upto) WHERE h.upto::bigint < %s),
        lease_owner = '', lease_until = NULL
  WHERE name = %s AND partition = 0 AND last_id > %s
 """
@@ -704,21 +745,24 @@ def oldest_mark(using: str) -> StreamMark | None:
         return _mark(cursor.fetchone())
 
 
-def count_between(using: str, after: int, upto: int) -> dict[str, int]:
-    """Messages after position ``after`` up to ``upto`` (included), per topic."""
+def count_between(using: str, after: int, upto: Position) -> dict[str, int]:
+    """Messages after position ``after`` that ``upto`` has passed, per topic."""
     with connections[using].cursor() as cursor:
-        cursor.execute(_COUNT_BETWEEN, [after, upto])
+        cursor.execute(_COUNT_BETWEEN, [after, upto.last, upto.json()])
         return {topic: int(count) for topic, count in cursor.fetchall()}
 
 
 def set_relay_position(using: str, name: str, position: int) -> bool:
     """Move the relay offset row ``name`` back to ``position`` and drop its lease.
 
+    Held tenants at or past ``position`` are no longer held: the relay reads
+    everything after ``position`` again, theirs included.
+
     Returns:
         False when the row does not exist or is not after ``position``.
     """
     with connections[using].cursor() as cursor:
-        cursor.execute(_SET_RELAY_POSITION, [position, name, position])
+        cursor.execute(_SET_RELAY_POSITION, [position, position, name, position])
         return int(cursor.rowcount) == 1
 
 
@@ -874,28 +918,56 @@ def delete_received(using: str, tenant_id: int, older_than: float, limit: int) -
 
 # -- status -------------------------------------------------------------------
 
-# Hand-written: a count per reader along the delivery index, below the fence.
-_READER_LAGS = """
-SELECT o.name, o.partition, o.partition_count, o.last_id,
-       (SELECT count(*) FROM outbox_messages m WHERE m.id > o.last_id AND m.id < %s),
-       now() - o.last_processed_at, o.attempts, f.error, f.tenant_id
-  FROM consumer_offsets o
+# Hand-written: per reader, along the delivery index and the held tenants'
+# (tenant_id, id) ranges, the committed messages it has not passed, the first
+# of them in delivery order (its age, by the database clock, and its tenant),
+# the head's failure, and the lease by the database clock.
+_READER_STATES = """
+SELECT o.name, o.partition, o.partition_count, o.last_id, o.held::text,
+       (SELECT count(*) FROM outbox_messages AS m WHERE m.id > o.last_id)
+         + coalesce((SELECT sum((SELECT count(*) FROM outbox_messages AS m
+                                  WHERE m.tenant_id = h.tenant::bigint
+                                    AND m.id > h.upto::bigint AND m.id <= o.last_id))
+                       FROM jsonb_each_text(o.held) AS h(tenant, upto)), 0),
+       now() - first.created_at, first.tenant_id,
+       now() - o.last_processed_at, o.attempts, f.error, f.tenant_id,
+       extract(epoch FROM o.lease_until - now())::float8, o.lease_owner
+  FROM consumer_offsets AS o
   LEFT JOIN LATERAL (
-       SELECT f.error, f.tenant_id FROM outbox_consumer_failures f
-        WHERE f.consumer = o.name AND f.partition = o.partition AND f.message_pk > o.last_id
+       SELECT x.created_at, x.tenant_id FROM (
+              (SELECT m.id, m.created_at, m.tenant_id FROM outbox_messages AS m
+                WHERE m.id > o.last_id ORDER BY m.id LIMIT 1)
+              UNION ALL
+              (SELECT c.id, c.created_at, c.tenant_id
+                 FROM jsonb_each_text(o.held) AS h(tenant, upto)
+                CROSS JOIN LATERAL (
+                      SELECT m.id, m.created_at, m.tenant_id FROM outbox_messages AS m
+                       WHERE m.tenant_id = h.tenant::bigint
+                         AND m.id > h.upto::bigint AND m.id <= o.last_id
+                       ORDER BY m.id LIMIT 1) AS c)
+            ) AS x
+        ORDER BY x.id LIMIT 1) AS first ON true
+  LEFT JOIN LATERAL (
+       SELECT f.error, f.tenant_id FROM outbox_consumer_failures AS f
+        WHERE f.consumer = o.name AND f.partition = o.partition
+          AND f.message_pk > coalesce((o.held ->> f.tenant_id::text)::bigint, o.last_id)
         ORDER BY f.failed_at DESC LIMIT 1) AS f ON o.attempts > 0
  ORDER BY o.name, o.partition
 """
 
 
-def reader_lags(using: str, fence: int) -> list[ReaderLag]:
-    """Every reader, with how many messages below ``fence`` it has still to pass."""
+def reader_states(using: str) -> list[ReaderState]:
+    """Every reader (consumer partitions and relays): what it has passed and what waits."""
     with connections[using].cursor() as cursor:
-        cursor.execute(_READER_LAGS, [fence])
+        cursor.execute(_READER_STATES)
         rows = cursor.fetchall()
     return [
-        ReaderLag(name, partition, count, last_id, behind, age, attempts, error or "", tenant)
-        for name, partition, count, last_id, behind, age, attempts, error, tenant in rows
+        ReaderState(
+            name, partition, count, Position.of_row(last_id, held), int(behind), lag,
+            first_tenant, idle, attempts, error or "", failing, lease_left, owner,
+        )
+        for (name, partition, count, last_id, held, behind, lag, first_tenant, idle, attempts,
+             error, failing, lease_left, owner) in rows
     ]
 
 
@@ -906,65 +978,87 @@ def count_messages(using: str) -> int:
     return OutboxMessage.objects.using(using).count()
 
 
-def count_held_back(using: str, fence: int) -> int:
-    """Committed messages at or above ``fence``: waiting for a publisher in flight to end."""
-    from outbox.models import OutboxMessage
-
-    return OutboxMessage.objects.using(using).filter(id__gte=fence).count()
-
-
-def oldest_unpassed_age(using: str, after: int) -> timedelta | None:
-    """The age of the first message after ``after`` (None: there is none)."""
-    # Hand-written: the first row after a position, along the delivery index,
-    # aged by the database clock.
+def last_allocated(using: str) -> int:
+    """The last id handed out (0: none yet)."""
     with connections[using].cursor() as cursor:
-        cursor.execute(
-            "SELECT now() - min(created_at) FROM (SELECT created_at FROM outbox_messages"
-            " WHERE id > %s ORDER BY id LIMIT 1) AS first",
-            [after],
-        )
-        age: timedelta | None = cursor.fetchone()[0]
-        return age
+        cursor.execute("SELECT outbox_last_id_v2()")
+        return int(cursor.fetchone()[0])
 
 
-# Hand-written: the server's catalogs. The publisher with the lowest bound is
-# found by its lock, as outbox_fence() finds it (pg_locks shows every
-# backend's locks to every role); pg_stat_activity shows other roles' details
-# only to pg_read_all_stats. A prepared transaction has no backend: its
-# transaction-id lock, under the same virtual transaction, leads to its gid.
-_BLOCKER = """
-WITH publisher AS (
-    SELECT l.pid, l.virtualtransaction,
-           ((l.classid::bigint & 65535) << 32) | l.objid::bigint AS bound
-      FROM pg_locks AS l
-     WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted
-       AND l.classid::bigint >> 16 = 28514
-       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-     ORDER BY bound, l.pid NULLS FIRST
-     LIMIT 1
+# Hand-written: the server's catalogs. The publishers in flight are found by
+# their marks, as the reads find them (outbox_publishers_v2(): pg_locks shows
+# every backend's locks to every role); pg_stat_activity shows other roles'
+# query, state and start only to pg_read_all_stats. A prepared transaction
+# has no backend: its transaction-id lock, under the same virtual
+# transaction, leads to its gid. Each publisher's waiting messages are
+# counted along (tenant_id, id).
+_PUBLISHERS = """
+WITH p AS (
+    SELECT o.virtualtransaction, o.pid,
+           coalesce(array_agg(DISTINCT o.tenant_id) FILTER (WHERE o.tenant_id IS NOT NULL),
+                    '{}') AS tenants,
+           bool_or(o.tenant_id IS NULL) AS any_tenant, min(o.bound) AS bound
+      FROM outbox_publishers_v2() AS o
+     GROUP BY o.virtualtransaction, o.pid
 )
-SELECT p.pid, p.bound,
-       coalesce(now() - a.xact_start, now() - x.prepared),
+SELECT p.pid, p.tenants, p.any_tenant, p.bound,
+       coalesce(a.xact_start, x.prepared),
        CASE WHEN p.pid IS NULL THEN 'prepared' ELSE a.state END,
-       coalesce(a.query, x.gid), coalesce(a.datname, x.database), coalesce(a.usename, x.owner)
-  FROM publisher AS p
+       coalesce(a.query, x.gid), coalesce(a.usename, x.owner), a.application_name,
+       (SELECT count(*) FROM outbox_messages AS m
+         WHERE (p.any_tenant OR m.tenant_id = ANY (p.tenants)) AND m.id > p.bound),
+       now()
+  FROM p
   LEFT JOIN pg_stat_activity AS a ON a.pid = p.pid
-  LEFT JOIN pg_locks AS t
-         ON p.pid IS NULL AND t.pid IS NULL AND t.locktype = 'transactionid'
-        AND t.virtualtransaction = p.virtualtransaction
-  LEFT JOIN pg_prepared_xacts AS x ON x.transaction = t.transactionid
+  LEFT JOIN LATERAL (
+       SELECT x.gid, x.prepared, x.owner
+         FROM pg_locks AS t JOIN pg_prepared_xacts AS x ON x.transaction = t.transactionid
+        WHERE p.pid IS NULL AND t.pid IS NULL AND t.locktype = 'transactionid'
+          AND t.virtualtransaction = p.virtualtransaction
+        LIMIT 1) AS x ON true
+ ORDER BY p.bound, p.pid NULLS FIRST
 """
 
 
-def find_blocker(using: str) -> Blocker | None:
-    """The publishing transaction in flight with the lowest bound, if there is one."""
+# Hand-written: the committed messages above the lowest bound of a publisher
+# for any tenant (if one is in flight), and, below it, per tenant held back,
+# those above the lowest bound naming it, along (tenant_id, id).
+_COUNT_WAITING = """
+SELECT (SELECT count(*) FROM outbox_messages AS m WHERE m.id > %s)
+       + coalesce(sum((SELECT count(*) FROM outbox_messages AS m
+                        WHERE m.tenant_id = w.tenant AND m.id > w.bound AND m.id <= %s)), 0)
+  FROM unnest(%s::bigint[], %s::bigint[]) AS w(tenant, bound)
+"""
+
+
+def count_waiting(using: str, publishers: Sequence[Publisher]) -> int:
+    """Committed messages that wait for one of ``publishers`` to end."""
+    if not publishers:
+        return 0
+    everyone = min((p.bound for p in publishers if p.any_tenant), default=2**63 - 1)
+    lowest: dict[int, int] = {}
+    for publisher in publishers:
+        for tenant in publisher.tenants:
+            lowest[tenant] = min(lowest.get(tenant, publisher.bound), publisher.bound)
     with connections[using].cursor() as cursor:
-        cursor.execute(_BLOCKER)
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    pid, bound, age, state, query, database, user = row
-    return Blocker(pid, int(bound), age, state, query, database, user)
+        cursor.execute(_COUNT_WAITING, [everyone, everyone, list(lowest), list(lowest.values())])
+        return int(cursor.fetchone()[0])
+
+
+def publishers_in_flight(using: str) -> list[Publisher]:
+    """The transactions that published and are still open, lowest bound first."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(_PUBLISHERS)
+        rows = cursor.fetchall()
+    return [
+        Publisher(
+            pid, tuple(sorted(tenants)), any_tenant, int(bound), since,
+            None if since is None else now - since, state, query, user, application,
+            int(waiting),
+        )
+        for (pid, tenants, any_tenant, bound, since, state, query, user, application, waiting,
+             now) in rows
+    ]
 
 
 # -- receivers ----------------------------------------------------------------
@@ -999,7 +1093,12 @@ class FenceFacts:
     cache: int  #: values the id sequence hands out per session at once (must be 1)
     increment: int  #: must be positive
     cycle: bool  #: must be False
-    id_default: str | None  #: the id column's default (must be ``outbox_next_id()``)
+    id_default: str | None  #: the id column's default (must be None: the trigger gives ids)
+    #: ``pg_trigger.tgenabled`` of the trigger that calls ``outbox_mark_publisher_v2()``
+    #: before each insert ('O' or 'A': it fires; None: there is none)
+    marking: str | None
+    #: whether ``outbox_mark_publisher_v2()`` exists (False: before migration 0008)
+    marker_exists: bool = True
 
 
 # Hand-written: catalog queries only, no ORM model covers them.
@@ -1008,14 +1107,20 @@ SELECT s.seqcache, s.seqincrement, s.seqcycle,
        (SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef AS d
          WHERE d.adrelid = 'outbox_messages'::regclass
            AND d.adnum = (SELECT attnum FROM pg_attribute
-                           WHERE attrelid = 'outbox_messages'::regclass AND attname = 'id'))
+                           WHERE attrelid = 'outbox_messages'::regclass AND attname = 'id')),
+       (SELECT max(t.tgenabled) FROM pg_trigger AS t
+         WHERE t.tgrelid = 'outbox_messages'::regclass
+           AND t.tgfoid = to_regprocedure('outbox_mark_publisher_v2()')
+           AND t.tgtype & 7 = 7),  -- ROW, BEFORE, INSERT
+       to_regprocedure('outbox_mark_publisher_v2()') IS NOT NULL
   FROM pg_sequence AS s
  WHERE s.seqrelid = to_regclass('outbox_message_ids')
 """
 
 
 def fence_facts(using: str) -> FenceFacts | None:
-    """The id sequence's parameters and the id column's default; None before migration 0003.
+    """The id sequence's parameters, the id column's default and the marking trigger;
+    None before migration 0003.
 
     Raises DatabaseError where the tables cannot be inspected (not migrated yet).
     """
@@ -1025,60 +1130,7 @@ def fence_facts(using: str) -> FenceFacts | None:
     return None if row is None else FenceFacts(*row)
 
 
-# -- health and metrics -------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ReaderHealth:
-    """One reader as health checks and metrics see it.
-
-    Attributes:
-        behind: messages below the fence it has not passed (an upper bound for
-            a consumer with topics or partitions, as in :class:`ReaderLag`).
-        lag: the age of the first message below the fence it has not passed
-            (None: it has passed every readable message). For a consumer with
-            topics or partitions, a message it does not select still counts
-            until it moves past it (within about 5 s of idling).
-        lease_left: relays only: seconds until the lease runs out, negative
-            once it has (None: no lease held, e.g. after a clean stop).
-        lease_owner: relays only: host:pid:token of the holder ("" when none).
-    """
-
-    name: str
-    partition: int
-    position: int
-    behind: int
-    lag: timedelta | None
-    lease_left: float | None
-    lease_owner: str
-
-    @property
-    def is_relay(self) -> bool:
-        return self.name.startswith("relay:")
-
-
-# Hand-written: per reader, along the delivery index below the fence, the
-# count and the first row's age, and the lease by the database clock.
-_READER_HEALTH = """
-SELECT o.name, o.partition, o.last_id,
-       (SELECT count(*) FROM outbox_messages m WHERE m.id > o.last_id AND m.id < %s),
-       (SELECT now() - m.created_at FROM outbox_messages m
-         WHERE m.id > o.last_id AND m.id < %s ORDER BY m.id LIMIT 1),
-       extract(epoch FROM o.lease_until - now())::float8, o.lease_owner
-  FROM consumer_offsets o
- ORDER BY o.name, o.partition
-"""
-
-
-def reader_health(using: str, fence: int) -> list[ReaderHealth]:
-    """Every reader's lag (in messages and seconds) below ``fence``, and relays' leases."""
-    with connections[using].cursor() as cursor:
-        cursor.execute(_READER_HEALTH, [fence, fence])
-        rows = cursor.fetchall()
-    return [
-        ReaderHealth(name, partition, int(last_id), behind, lag, left, owner)
-        for name, partition, last_id, behind, lag, left, owner in rows
-    ]
+# -- the admin -----------------------------------------------------------------
 
 
 def discard_parked(using: str, rows: Sequence[tuple[int, int]]) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Generic, TypeVar
@@ -143,25 +144,112 @@ M = TypeVar("M", Message, Envelope)
 
 
 @dataclass(frozen=True)
-class Batch(Generic[M]):
-    """Messages read in one round trip, and the fence they were read below.
+class Position:
+    """Where a reader (a consumer partition or a relay) stands in the stream.
+
+    The stream is read in id order, with a fence per tenant: while a
+    transaction that published for a tenant is still open, that tenant's
+    later messages wait for it, and the reader goes on with every other
+    tenant's (:func:`outbox.store.read_batch` says why nothing is skipped).
+    So a position is an id and the few tenants left behind it.
 
     Attributes:
-        messages: in id order.
-        fence: the first id that was not readable: no message with a smaller
-            id can still appear (:func:`outbox.store.read_batch` says why).
+        last: every message with an id at or below it has been passed, except
+            those of the tenants in ``held``.
+        held: tenant id -> the last id passed of that tenant's messages, below
+            ``last``: a publisher of the tenant was in flight when the reader
+            went past. Usually empty.
+    """
+
+    last: int = 0
+    held: dict[int, int] = field(default_factory=dict)
+
+    def of(self, tenant_id: int) -> int:
+        """The last id passed of ``tenant_id``'s messages."""
+        return self.held.get(tenant_id, self.last)
+
+    def has_passed(self, message_id: int, tenant_id: int) -> bool:
+        """Whether the message with this id, of this tenant, is behind the reader."""
+        return message_id <= self.of(tenant_id)
+
+    @property
+    def floor(self) -> int:
+        """The largest id such that every message at or below it has been passed."""
+        return min(self.held.values(), default=self.last)
+
+    def reaching(self, reach: int, in_flight: Mapping[int, int]) -> Position:
+        """The position once the reader has passed every message it may pass up to ``reach``.
+
+        A reader passes, of each tenant, the messages after its position up to
+        ``reach``, but not past the bound of a publisher of that tenant still
+        in flight (``in_flight``: tenant -> the lowest bound naming it, as the
+        read saw them). Tenants it could not take as far as the others are
+        held; a held tenant that caught up is dropped.
+        """
+        last = max(self.last, reach)
+        held: dict[int, int] = {}
+        for tenant in self.held.keys() | in_flight.keys():
+            bound = in_flight.get(tenant)
+            upto = reach if bound is None else min(reach, bound)
+            passed = max(self.of(tenant), upto)
+            if passed < last:
+                held[tenant] = passed
+        return Position(last, held)
+
+    def json(self) -> str:
+        """``held`` as the JSON object ``consumer_offsets.held`` keeps."""
+        return json.dumps({str(tenant): upto for tenant, upto in sorted(self.held.items())})
+
+    @classmethod
+    def of_row(cls, last: int, held: Any) -> Position:
+        """From ``consumer_offsets``' columns (``held`` as the JSON text or object read)."""
+        data = json.loads(held) if isinstance(held, str | bytes) else (held or {})
+        return cls(int(last), {int(tenant): int(upto) for tenant, upto in data.items()})
+
+    def __str__(self) -> str:
+        if not self.held:
+            return str(self.last)
+        behind = ", ".join(f"tenant {t} at {p}" for t, p in sorted(self.held.items()))
+        return f"{self.last} ({behind})"
+
+
+@dataclass(frozen=True)
+class Batch(Generic[M]):
+    """Messages read in one round trip, and what the read saw of the stream.
+
+    Attributes:
+        messages: in id order: the first ``limit`` messages the reader may
+            pass next, of every tenant.
+        allocated: the last id handed out when the read began (or, while a
+            publisher that may write for any tenant is in flight, its bound):
+            every message at or below it either was readable, or belongs to a
+            publisher still in flight (``in_flight``), or was rolled back.
+        in_flight: tenant -> the lowest bound of a publisher of that tenant
+            still in flight: its messages above the bound may still commit.
+        limit: how many messages were asked for.
     """
 
     messages: list[M]
-    fence: int
+    allocated: int
+    in_flight: dict[int, int] = field(default_factory=dict)
+    limit: int = 0
 
     @property
-    def passed(self) -> int:
-        """The position just below the fence.
+    def complete(self) -> bool:
+        """Whether the read returned every message the reader may pass now (fewer than asked)."""
+        return len(self.messages) < self.limit
 
-        A reader that asked for ``limit`` messages and got fewer has seen
-        every message it selects below the fence, so it may move to here even
-        when none matched its topics or partition (else a consumer of a rare
-        topic would pin retention, and re-scan the same rows on every poll).
+    def position_after(self, position: Position, handled: int | None = None) -> Position:
+        """Where a reader at ``position`` stands once it passed the first ``handled`` messages.
+
+        ``handled`` defaults to all of them. When every message was passed and
+        the read was complete, the reader moves up to ``allocated`` even if
+        none matched its topics or partition (else a consumer of a rare topic
+        would pin retention, and re-scan the same rows on every poll).
         """
-        return self.fence - 1
+        count = len(self.messages) if handled is None else handled
+        if count == len(self.messages) and self.complete:
+            return position.reaching(self.allocated, self.in_flight)
+        if count == 0:
+            return position
+        return position.reaching(self.messages[count - 1].id, self.in_flight)

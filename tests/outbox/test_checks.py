@@ -40,17 +40,32 @@ def test_a_sequence_that_hands_out_values_out_of_order_is_an_error():
     assert fence_ids() == []
 
 
-def test_an_id_default_that_skips_the_publisher_lock_is_an_error():
+RECREATE = ("CREATE TRIGGER outbox_messages_mark_publisher BEFORE INSERT ON outbox_messages"
+            " FOR EACH ROW EXECUTE FUNCTION outbox_mark_publisher_v2()")
+
+
+@pytest.mark.parametrize("change, undo, found", [
+    ("ALTER TABLE outbox_messages DISABLE TRIGGER outbox_messages_mark_publisher",
+     "ALTER TABLE outbox_messages ENABLE TRIGGER outbox_messages_mark_publisher",
+     "the marking trigger is disabled (tgenabled 'D')"),
+    ("ALTER TABLE outbox_messages ENABLE REPLICA TRIGGER outbox_messages_mark_publisher",
+     "ALTER TABLE outbox_messages ENABLE TRIGGER outbox_messages_mark_publisher",
+     "the marking trigger is disabled (tgenabled 'R')"),
+    ("DROP TRIGGER outbox_messages_mark_publisher ON outbox_messages", RECREATE,
+     "no trigger marks publishers"),
+    ("ALTER TABLE outbox_messages ALTER COLUMN id SET DEFAULT nextval('outbox_message_ids')",
+     "ALTER TABLE outbox_messages ALTER COLUMN id DROP DEFAULT",
+     "outbox_messages.id has the default \"nextval('outbox_message_ids'::regclass)\""),
+], ids=["disabled", "replica only", "dropped", "a default"])
+def test_messages_that_would_not_mark_their_publisher_are_an_error(change, undo, found):
     with observer() as conn:
-        conn.execute("ALTER TABLE outbox_messages ALTER COLUMN id"
-                     " SET DEFAULT nextval('outbox_message_ids')")
+        conn.execute(change)
         try:
             [error] = check_fence(databases=[system_alias()])
             assert error.id == "outbox.E002"
-            assert "nextval('outbox_message_ids'::regclass)" in error.msg
+            assert found in error.msg
         finally:
-            conn.execute("ALTER TABLE outbox_messages ALTER COLUMN id"
-                         " SET DEFAULT outbox_next_id()")
+            conn.execute(undo)
     assert fence_ids() == []
 
 

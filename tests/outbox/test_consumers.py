@@ -19,6 +19,7 @@ from tests.outbox.helpers import (
     offset,
     publish_as,
     publish_many,
+    raw_publish,
     wait_for,
 )
 
@@ -210,16 +211,20 @@ def test_run_consumers_once_drains_and_reports(capsys):
 
 def test_a_new_consumer_started_now_with_the_documented_sql_skips_the_past():
     """docs/consumers.md, 'Adding a consumer to a running system'."""
-    old = placed("old", "older")
-    wait_for(lambda: status_fence() > message_position(old[-1]), "the past below the fence")
-    with connect("worker") as conn:  # as the worker role: the app role may not
-        conn.execute(
-            "INSERT INTO consumer_offsets (name, partition, partition_count, last_id)"
-            " SELECT 'orders', p, 1, outbox_fence() - 1 FROM generate_series(0, 0) p"
-        )
+    placed("old", "older")
+    with connect() as late:  # a publisher in flight when the consumer starts: not the past
+        late.execute("BEGIN")
+        _, in_flight = raw_publish(late, A, "order.placed", {"sku": "in flight"})
+        with connect("worker") as conn:  # as the worker role: the app role may not
+            conn.execute(
+                "INSERT INTO consumer_offsets (name, partition, partition_count, last_id, held)"
+                " SELECT 'orders', p, 1, now.last_id, now.held"
+                "   FROM outbox_position_now_v2() AS now, generate_series(0, 0) AS p"
+            )
+        late.execute("COMMIT")
     new = placed("new")
-    drain(OrderRecorder(), until=lambda: len(effects()) == 1)
-    assert effects() == {str(new[0]): 1}
+    drain(OrderRecorder(), until=lambda: len(effects()) == 2)
+    assert effects() == {str(in_flight): 1, str(new[0]): 1}
 
 
 def test_the_documented_partition_change_starts_every_new_partition_at_the_lowest_position():
@@ -229,13 +234,18 @@ def test_the_documented_partition_change_starts_every_new_partition_at_the_lowes
                  key=lambda p: p["sku"])
     drain(PartitionedRecorder(), until=lambda: len(effects()) == 6)
     with observer() as conn:
-        low = conn.execute("SELECT min(last_id) FROM consumer_offsets"
-                           " WHERE name = 'orders-partitioned'").fetchone()[0]
+        conn.execute("UPDATE consumer_offsets SET held = jsonb_build_object(%s::text, last_id - 2)"
+                     " WHERE name = 'orders-partitioned' AND partition = 1", [B])
+        low = conn.execute("SELECT min(last_id) - 2 FROM consumer_offsets"
+                           " WHERE name = 'orders-partitioned' AND partition = 1").fetchone()[0]
         conn.execute("""
             BEGIN;
             CREATE TEMP TABLE low AS
-              SELECT min(last_id) AS last_id FROM consumer_offsets
-               WHERE name = 'orders-partitioned';
+              SELECT min(least(o.last_id, (SELECT min(h.upto::bigint)
+                                             FROM jsonb_each_text(o.held) AS h(tenant, upto))))
+                     AS last_id
+                FROM consumer_offsets AS o
+               WHERE o.name = 'orders-partitioned';
             DELETE FROM consumer_offsets WHERE name = 'orders-partitioned';
             INSERT INTO consumer_offsets (name, partition, partition_count, last_id)
             SELECT 'orders-partitioned', p, 8, low.last_id FROM low, generate_series(0, 7) p;
@@ -245,8 +255,3 @@ def test_the_documented_partition_change_starts_every_new_partition_at_the_lowes
                             " WHERE name = 'orders-partitioned'").fetchall()
     assert rows == [(8, low)] * 8
 
-
-def status_fence() -> int:
-    from outbox.status import status
-
-    return status().fence

@@ -1,16 +1,21 @@
-"""The publisher fence: only a transaction that has published and is still open
-holds delivery back, and no message is skipped however late it commits.
+"""The fence per tenant: only a transaction that has published and is still open
+holds delivery back, and only its own tenants' later messages; no message is
+skipped however late it commits.
 
-Every row of ``outbox_messages`` takes its id from ``outbox_next_id()``, which
-first takes a transaction-level shared advisory lock naming a lower bound of
-the transaction's ids; readers read below ``outbox_fence()`` (the last id
-handed out, or the lowest bound still locked, plus one) in a snapshot taken
-after it. docs/guarantees.md has the argument; these tests hold it to account.
+Every row of ``outbox_messages`` takes its id from the trigger
+``outbox_mark_publisher_v2()``, which first marks its transaction with
+transaction-level shared advisory locks naming the row's tenant and a bound
+below the transaction's ids; readers (``outbox_read_v2()``) read the last id
+handed out, then the publishers in flight (marks whose transaction holds the
+outbox's write lock), then the rows in a snapshot taken after both, each
+tenant in flight only up to its bound. docs/guarantees.md has the argument;
+these tests hold it to account.
 """
 
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
@@ -24,6 +29,7 @@ from outbox.models import OutboxMessage
 from outbox.relay import Relay
 from outbox.status import status
 from outbox.store import read_batch
+from outbox.stream import Position
 from outbox.testing import InMemoryTransport
 from tenancy import tenant_context
 from tenancy.aliases import app_alias, system_alias
@@ -113,31 +119,57 @@ def test_an_unrelated_transaction_that_wrote_does_not_delay_delivery(database):
         relay_until(Relay(memory, name="test"), memory, 2)
         drain(OrderRecorder(), until=lambda: len(effects()) == 2)
         assert still_open_with_an_xid(other)  # delivered while it is open, and before it ends
-        assert status().blocker is None and status().held_back == 0
+        assert status().publishers == [] and status().held_back == 0
     assert memory.message_ids == [str(first), str(second)]
     assert effects() == {str(first): 1, str(second): 1}
 
 
-def test_a_publishing_transaction_left_open_delays_only_messages_with_larger_ids():
+def test_a_publishing_transaction_left_open_delays_only_its_own_tenants_later_messages():
     memory = InMemoryTransport()
     relay = Relay(memory, name="test")
     before = publish_as(A, "order.placed", {"sku": "before"})  # this session published before
     with tenant_context(A):  # ...and now publishes again and stays open
         held = publish("order.placed", {"sku": "held"})
-        after = published_elsewhere(B, "after")
-        relay_until(relay, memory, 1)
+        other_tenant = published_elsewhere(B, "other tenant")  # a larger id, committed first
+        same_tenant = published_elsewhere(A, "same tenant")  # as well, but of tenant A
+        relay_until(relay, memory, 2)
         drain_relay(relay)
-        assert memory.message_ids == [str(before)]  # the earlier message is delivered
-        in_thread(lambda: drain(OrderRecorder(), until=lambda: len(effects()) == 1))
-        assert effects() == {str(before): 1}
+        # the earlier message, and the other tenant's later one, are delivered
+        assert memory.message_ids == [str(before), other_tenant]
+        in_thread(lambda: drain(OrderRecorder(), until=lambda: len(effects()) == 2))
+        assert effects() == {str(before): 1, other_tenant: 1}
         s = in_thread(status)
         own_id = OutboxMessage.objects.get(message_id=held).id  # seen by its own transaction
-        assert s.blocker is not None and s.blocker.bound < own_id
-        assert s.held_back == 1  # "after"; "held" itself is not committed yet
-    relay_until(relay, memory, 3)
-    assert memory.message_ids == [str(before), str(held), after]  # in id order, once each
-    drain(OrderRecorder(), until=lambda: len(effects()) == 3)
-    assert effects() == {str(before): 1, str(held): 1, after: 1}
+        [publisher] = s.publishers
+        assert publisher.tenants == (A,) and publisher.bound < own_id
+        assert s.held_back == 1  # "same tenant"; "held" itself is not committed yet
+        relay_state = next(r for r in s.readers if r.name == "relay:test")
+        assert set(relay_state.position.held) == {A}
+    relay_until(relay, memory, 4)
+    # tenant A's in id order, each message once
+    assert memory.message_ids == [str(before), other_tenant, str(held), same_tenant]
+    drain(OrderRecorder(), until=lambda: len(effects()) == 4)
+    assert effects() == {str(before): 1, str(held): 1, other_tenant: 1, same_tenant: 1}
+    states = {r.name: r for r in status().readers}
+    assert states["relay:test"].position.held == {} and states["orders"].position.held == {}
+
+
+def test_an_open_publisher_of_one_tenant_holds_back_none_of_many_others():
+    """The multi-tenant promise: 20 other tenants' events flow while one tenant's stays open."""
+    memory = InMemoryTransport()
+    relay = Relay(memory, name="test")
+    with connect() as slow:
+        slow.execute("BEGIN")
+        raw_publish(slow, A, "order.placed", {"sku": "slow"})
+        others = [published_elsewhere(tenant, f"t{tenant}") for tenant in range(10, 30)]
+        relay_until(relay, memory, 20)
+        drain(OrderRecorder(), until=lambda: len(effects()) == 20)
+        assert sorted(memory.message_ids) == sorted(others)
+        assert set(effects()) == set(others)
+        slow.execute("COMMIT")
+    relay_until(relay, memory, 21)
+    drain(OrderRecorder(), until=lambda: len(effects()) == 21)
+    assert len(set(memory.message_ids)) == 21 and sum(effects().values()) == 21
 
 
 def roll_back_a_publish(savepoints: str) -> None:
@@ -154,8 +186,8 @@ def roll_back_a_publish(savepoints: str) -> None:
 
 @pytest.mark.parametrize("savepoints", ["atomic", "manual"])
 @pytest.mark.parametrize("first_publish", ["in the savepoint", "before the savepoint"])
-def test_a_publish_after_a_rolled_back_savepoint_still_holds_the_fence(savepoints,
-                                                                       first_publish):
+def test_a_publish_after_a_rolled_back_savepoint_still_holds_its_tenant_back(savepoints,
+                                                                              first_publish):
     memory = InMemoryTransport()
     relay = Relay(memory, name="test")
     kept = []
@@ -164,11 +196,13 @@ def test_a_publish_after_a_rolled_back_savepoint_still_holds_the_fence(savepoint
             kept.append(publish("order.placed", {"sku": "first"}))
         roll_back_a_publish(savepoints)
         kept.append(publish("order.placed", {"sku": "kept"}))
-        later = published_elsewhere(B, "later")  # a larger id, committed first
+        later = published_elsewhere(A, "later")  # a larger id of the same tenant, committed first
+        elsewhere = published_elsewhere(B, "elsewhere")  # another tenant's: not held back
+        relay_until(relay, memory, 1)
         drain_relay(relay)
-        assert memory.sent == []  # "later" waits for this transaction
-    relay_until(relay, memory, len(kept) + 1)
-    assert memory.message_ids == [*map(str, kept), later]
+        assert memory.message_ids == [elsewhere]  # "later" waits for this transaction
+    relay_until(relay, memory, len(kept) + 2)
+    assert memory.message_ids == [elsewhere, *map(str, kept), later]
     assert [m.payload["sku"] for m in memory.sent if m.payload["sku"] == "dropped"] == []
 
 
@@ -207,8 +241,9 @@ def test_a_publisher_that_commits_while_a_reader_takes_the_fence_is_not_skipped(
 
     The reader's statement starts (a single SELECT would take its snapshot
     there), then waits for the sequence while the publisher commits and
-    releases its lock: the fence then lets the publisher's id through, so the
-    rows must be read in a snapshot that sees its commit. The wait is made
+    releases its marks: the read then sees no publisher in flight and lets
+    the publisher's id through, so the rows must be read in a snapshot that
+    sees its commit. The wait is made
     with PostgreSQL's lock queue: an exclusive request on the sequence, queued
     behind the publisher's own lock on it, holds the reader's request back
     until the test lets it go.
@@ -228,7 +263,7 @@ def test_a_publisher_that_commits_while_a_reader_takes_the_fence_is_not_skipped(
 
     def read() -> None:
         try:
-            batches.append(read_batch(system_alias(), 0, 10))
+            batches.append(read_batch(system_alias(), Position(), 10))
         finally:
             connections.close_all()
 
@@ -251,7 +286,7 @@ def test_a_publisher_that_commits_while_a_reader_takes_the_fence_is_not_skipped(
                 reader.join()
     [batch] = batches
     assert [m.message_id for m in batch.messages] == [message_id]
-    assert batch.fence > message_position(message_id)
+    assert batch.allocated >= message_position(message_id) and batch.in_flight == {}
 
 
 def test_ids_come_from_a_sequence_that_hands_out_increasing_values_across_sessions():
@@ -260,13 +295,12 @@ def test_ids_come_from_a_sequence_that_hands_out_increasing_values_across_sessio
             "SELECT seqcache, seqcycle, seqincrement FROM pg_sequence"
             " WHERE seqrelid = 'outbox_message_ids'::regclass"
         ).fetchone()
-        default = conn.execute(
-            "SELECT pg_get_expr(adbin, adrelid) FROM pg_attrdef WHERE adrelid ="
-            " 'outbox_messages'::regclass AND adnum = (SELECT attnum FROM pg_attribute"
-            " WHERE attrelid = 'outbox_messages'::regclass AND attname = 'id')"
-        ).fetchone()[0]
+        trigger = conn.execute(
+            "SELECT tgfoid::regprocedure::text, tgenabled FROM pg_trigger"
+            " WHERE tgrelid = 'outbox_messages'::regclass AND NOT tgisinternal"
+        ).fetchall()
     assert (cache, cycle, increment) == (1, False, 1)
-    assert default == "outbox_next_id()"
+    assert trigger == [("outbox_mark_publisher_v2()", "O")]
     first, second = connect(), connect()
     try:
         seen = []
@@ -279,56 +313,128 @@ def test_ids_come_from_a_sequence_that_hands_out_increasing_values_across_sessio
     assert seen == sorted(seen) and len(set(seen)) == 4
 
 
-def publisher_locks() -> list[tuple[int | None, int]]:
-    """(pid, bound) of every publisher mark in pg_locks, as outbox_fence() reads them."""
+def marks() -> list[tuple[int | None, int, int]]:
+    """(pid, tenant, bound) of every publisher in flight, as the readers see them."""
     with observer() as conn:
-        return conn.execute(
-            "SELECT pid, ((classid::bigint & 65535) << 32) | objid::bigint FROM pg_locks"
-            " WHERE locktype = 'advisory' AND objsubid = 2 AND granted"
-            " AND classid::bigint >> 16 = 28514 AND database ="
-            " (SELECT oid FROM pg_database WHERE datname = current_database())"
-        ).fetchall()
+        return sorted(conn.execute(
+            "SELECT pid, tenant_id, bound FROM outbox_publishers_v2()").fetchall())
 
 
-def test_a_publisher_holds_one_lock_naming_a_bound_below_its_ids_until_it_ends():
+def readable(position: Position | None = None, limit: int = 100) -> list[uuid.UUID]:
+    """The message ids a reader at ``position`` (the start) may pass now, in order."""
+    at = position or Position()
+    return [m.message_id for m in in_thread(lambda: read_batch(system_alias(), at,
+                                                               limit).messages)]
+
+
+def test_a_publisher_marks_its_tenants_and_a_bound_below_its_ids_until_it_ends():
     publish_as(A, "t", {})  # ids 1..: the bound of the next publisher is at least 1
     with connect() as conn:
         conn.execute("BEGIN")
         first = raw_publish(conn, A, "t", {})[0]
-        second = raw_publish(conn, A, "t", {})[0]
-        [(pid, bound)] = publisher_locks()
+        second = raw_publish(conn, B, "t", {})[0]  # the same transaction, another tenant
+        [(pid, tenant_a, bound_a), (_, tenant_b, bound_b)] = marks()
         assert pid == server_pid(conn)
-        assert bound < first < second
-        assert connect_fence() == bound + 1
+        assert (tenant_a, tenant_b) == (A, B)
+        assert bound_a == bound_b < first < second
         conn.execute("COMMIT")
-    assert publisher_locks() == []
-    assert connect_fence() == second + 1
+    assert marks() == []
 
 
-def connect_fence() -> int:
-    with connect("system") as conn:
-        return conn.execute("SELECT outbox_fence()").fetchone()[0]
-
-
-def test_a_foreign_lock_with_the_tag_can_only_lower_the_fence():
-    """Someone else's advisory lock that looks like a publisher's holds the fence lower, no more."""
+def test_an_insert_that_names_its_own_id_is_refused():
+    """An id below the readers' positions would never be delivered: the database gives ids."""
     last = message_position(publish_as(A, "t", {}))
-    with observer() as conn:
+    for alias in ("default", "worker"):
+        with connect(alias) as conn, conn.transaction():
+            set_tenant(conn, A)
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="given by the database"):
+                conn.execute("INSERT INTO outbox_messages (tenant_id, id, message_id, topic,"
+                             " payload) VALUES (%s, %s, gen_random_uuid(), 't', '{}')",
+                             [A, last - 1])
+
+
+@pytest.mark.parametrize("form", ["bound, shared", "bound, exclusive", "tenant", "all three"])
+def test_a_session_lock_left_behind_holds_nothing_back(form):
+    """Advisory locks that look like a publisher's marks, kept by a session after its
+    transaction (as a pooled server session would keep them for its next borrower),
+    hold nothing back: marks count only in a transaction writing to the outbox."""
+    take = {
+        "bound, shared": ["SELECT pg_advisory_lock_shared((28514 << 16), 0)"],
+        "bound, exclusive": ["SELECT pg_advisory_lock((28514 << 16), 0)"],
+        "tenant": [f"SELECT pg_advisory_lock_shared({A})"],
+        "all three": ["SELECT pg_advisory_lock_shared((28514 << 16), 0)",
+                      f"SELECT pg_advisory_lock_shared({A})", f"SELECT pg_advisory_lock({B})"],
+    }[form]
+    for alias in ("default", "worker"):  # the web role, the worker role
+        with connect(alias, autocommit=True) as stray:
+            for statement in take:
+                stray.execute(statement)
+            first = published_elsewhere(A, "a")
+            second = published_elsewhere(B, "b")
+            assert marks() == []
+            assert readable()[-2:] == [uuid.UUID(first), uuid.UUID(second)]
+            assert status().publishers == [] and status().held_back == 0
+
+
+def test_a_session_lock_left_behind_delays_only_during_a_publishing_transaction_of_its_session():
+    """Inside a transaction of that session that does publish, a stray mark counts, for as
+    long as that transaction: a delay of one transaction, never a freeze."""
+    with connect(autocommit=True) as conn:
+        conn.execute(f"SELECT pg_advisory_lock_shared({B})")  # a stray mark naming tenant B
         conn.execute("BEGIN")
-        conn.execute("SELECT pg_advisory_xact_lock((28514 << 16), 0)")  # "bound 0", exclusive
-        assert connect_fence() == 1
-        conn.execute("ROLLBACK")
+        raw_publish(conn, A, "t", {"sku": "publishing"})
+        late = published_elsewhere(B, "b")
+        assert uuid.UUID(late) not in readable()  # held while this transaction is open
+        conn.execute("COMMIT")
+        assert uuid.UUID(late) in readable()  # and no longer once it has ended
+
+
+@pytest.mark.parametrize("key", ["the tenant's", "the bound's"])
+def test_a_key_held_exclusively_by_someone_else_blocks_no_publisher_and_passes_nothing(key):
+    """Advisory locks belong to no one: a session may hold a mark's key exclusively.
+    Publishers do not wait for it (a blocked bound or tenant mark is replaced by one that
+    holds back more), and readers still never pass an open publisher's message."""
+    last = message_position(publish_as(A, "t", {}))
+    statement = {"the tenant's": f"SELECT pg_advisory_lock({A})",
+                 "the bound's": f"SELECT pg_advisory_lock((28514 << 16), {last})"}[key]
+    with connect(autocommit=True) as stray, connect() as publisher:
+        stray.execute(statement)
+        publisher.execute("SET lock_timeout = '5s'")  # a publisher that waited would fail here
+        publisher.execute("BEGIN")
+        own, own_id = raw_publish(publisher, A, "t", {"sku": "open"})
+        later_a = published_elsewhere(A, "later a")
+        later_b = published_elsewhere(B, "later b")
+        seen = readable(Position(last))
+        assert own_id not in seen and uuid.UUID(later_a) not in seen
+        if key == "the tenant's":  # marked for any tenant: B waits too, while it is open
+            assert seen == [] and [p.any_tenant for p in status().publishers] == [True]
+        else:  # no bound: tenant A is held back whole, B is not
+            assert seen == [uuid.UUID(later_b)]
+            assert [(t, b) for _, t, b in marks()] == [(A, 0)]
+        publisher.execute("COMMIT")
+    assert readable(Position(last)) == [own_id, uuid.UUID(later_a), uuid.UUID(later_b)]
+
+
+def test_a_foreign_lock_in_a_publishing_transaction_can_only_hold_back_more():
+    """Someone else's advisory lock that looks like a mark, taken inside a transaction that
+    published, holds more back while that transaction is open; it never lets a message by."""
+    with connect() as conn:
         conn.execute("BEGIN")
+        own, _ = raw_publish(conn, A, "t", {})
         conn.execute("SELECT pg_advisory_xact_lock_shared((28514 << 16) | 65535, -1)")  # 2^48-1
-        assert connect_fence() == last + 1  # the last id handed out still bounds it
+        [(_, tenant, bound)] = marks()
+        assert tenant == A and bound < own  # the lowest bound wins
+        conn.execute("SELECT pg_advisory_xact_lock_shared((28514 << 16), 0)")  # "bound 0"
+        assert [(t, b) for _, t, b in marks()] == [(A, 0)]
         conn.execute("ROLLBACK")
+    assert marks() == []
 
 
 def test_the_reader_refuses_a_snapshot_isolation_that_would_reuse_its_snapshot():
     with connect("system") as conn, conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         with pytest.raises(psycopg.errors.RaiseException, match="READ COMMITTED"):
-            conn.execute("SELECT * FROM outbox_read(0, 10, NULL, 0, 1)")
+            conn.execute("SELECT * FROM outbox_read_v2(0, '{}', 10, NULL, 0, 1)")
 
 
 @pytest.fixture(scope="module")
@@ -344,7 +450,7 @@ def prepared_transactions():
                          "(scripts/services stop, then run the tests again)")
 
 
-def test_a_prepared_transaction_that_published_holds_later_messages_until_it_commits(
+def test_a_prepared_transaction_that_published_holds_its_tenant_back_until_it_commits(
     prepared_transactions, capsys
 ):
     import uuid
@@ -360,13 +466,14 @@ def test_a_prepared_transaction_that_published_holds_later_messages_until_it_com
         _, held = raw_publish(conn, A, "order.placed", {"sku": "held"})
         conn.execute(f"PREPARE TRANSACTION '{gid}'")  # its session ends; its lock stays
     try:
-        after = published_elsewhere(B, "after")
-        relay_until(relay, memory, 1)
+        after = published_elsewhere(A, "after")
+        elsewhere = published_elsewhere(B, "elsewhere")
+        relay_until(relay, memory, 2)
         drain_relay(relay)
-        assert memory.message_ids == [before]
-        blocker = status().blocker
-        assert blocker is not None
-        assert (blocker.pid, blocker.state, blocker.query) == (None, "prepared", gid)
+        assert memory.message_ids == [before, elsewhere]
+        [publisher] = status().publishers
+        assert (publisher.pid, publisher.state, publisher.query) == (None, "prepared", gid)
+        assert publisher.tenants == (A,) and publisher.waiting == 1
         call_command("outbox_status")
         assert f"prepared transaction '{gid}'" in capsys.readouterr().out
         with observer() as conn:
@@ -375,8 +482,8 @@ def test_a_prepared_transaction_that_published_holds_later_messages_until_it_com
         with observer() as conn:
             if conn.execute("SELECT 1 FROM pg_prepared_xacts WHERE gid = %s", [gid]).fetchone():
                 conn.execute(f"ROLLBACK PREPARED '{gid}'")
-    relay_until(relay, memory, 3)
-    assert memory.message_ids == [before, str(held), after]
+    relay_until(relay, memory, 4)
+    assert memory.message_ids == [before, elsewhere, str(held), after]
 
 
 class PublishesNothing(OrderRecorder):
@@ -409,7 +516,7 @@ def test_a_consumer_batch_in_flight_holds_nothing_back():
 
 
 def test_a_role_with_insert_only_can_publish_no_grant_on_the_sequence():
-    """The id default runs as the tables' owner; a publisher needs INSERT, nothing more."""
+    """The marking trigger runs as the tables' owner; a publisher needs INSERT, nothing more."""
     with observer() as conn:
         conn.execute("DROP ROLE IF EXISTS dio_test_insert_only")
         conn.execute("CREATE ROLE dio_test_insert_only NOSUPERUSER NOBYPASSRLS")
@@ -423,7 +530,7 @@ def test_a_role_with_insert_only_can_publish_no_grant_on_the_sequence():
                 " OR has_sequence_privilege('outbox_message_ids', 'SELECT')").fetchone()[0]
             conn.execute("INSERT INTO outbox_messages (tenant_id, message_id, topic, payload)"
                          " VALUES (1, gen_random_uuid(), 't', '{}')")
-            assert [pid for pid, _ in publisher_locks()] == [server_pid(conn)]
+            assert [(pid, tenant) for pid, tenant, _ in marks()] == [(server_pid(conn), 1)]
             conn.execute("COMMIT")
         finally:
             if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
@@ -434,16 +541,28 @@ def test_a_role_with_insert_only_can_publish_no_grant_on_the_sequence():
     relay_until(Relay(memory, name="test"), memory, 1)
 
 
-def test_a_forged_bound_cannot_move_the_fence_past_an_open_publisher():
-    """``outbox.publisher_bound`` is an ordinary setting that any role may set:
-    a larger value written by hand before publishing must not become the
-    publisher's bound (the fence would then pass its uncommitted row)."""
+def test_a_forged_setting_cannot_let_a_reader_pass_an_open_publisher():
+    """``outbox.publishing`` is an ordinary setting that any role may set: written by hand
+    before publishing, it makes the trigger skip the bound's mark; the publisher's tenant is
+    then held back whole (never passed) while its transaction is open."""
     published_elsewhere(A, "before")
-    with connect() as forger, observer() as reader:
+    with connect() as forger:
         forger.execute("BEGIN")
-        forger.execute("SELECT set_config('outbox.publisher_bound', '281474976710000', true)")
+        forger.execute("SELECT set_config('outbox.publishing', pg_current_xact_id()::text, true)")
         row_id, _ = raw_publish(forger, A, "order.placed", {"sku": "forged"})
-        published_elsewhere(A, "after")
-        fence = reader.execute("SELECT outbox_fence()").fetchone()[0]
-        assert fence <= row_id, "the fence passed a row whose transaction is still open"
+        after = published_elsewhere(A, "after")
+        [(_, tenant, bound)] = marks()
+        assert (tenant, bound) == (A, 0)
+        assert uuid.UUID(after) not in readable(), "a reader passed an open publisher's tenant"
         forger.execute("ROLLBACK")
+    assert uuid.UUID(after) in readable()
+
+
+def test_readers_of_the_previous_release_are_refused():
+    """They would ignore the held tenants and pass their messages by."""
+    with connect("system") as conn:
+        for statement in ("SELECT * FROM outbox_read(0, 10, NULL, 0, 1)",
+                          "SELECT outbox_fence()"):
+            with pytest.raises(psycopg.errors.RaiseException, match="earlier release"):
+                conn.execute(statement)
+            conn.rollback()

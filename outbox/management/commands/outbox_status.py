@@ -20,8 +20,9 @@ def _age(value: timedelta | None) -> str:
 
 class Command(BaseCommand):
     help = (
-        "Show the outbox's health: lag per consumer and partition, the oldest message "
-        "not yet passed, parked messages, and the publishing transaction holding delivery back."
+        "Show the outbox's state: lag per consumer and partition, the oldest message "
+        "not yet passed, parked messages, and the open transactions that published (each "
+        "holds back its own tenants' later messages)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -35,34 +36,46 @@ class Command(BaseCommand):
         except DatabaseError as exc:
             raise CommandError(f"could not read the outbox: {exc}".splitlines()[0]) from exc
         out = self.stdout.write
-        out(f"messages: {s.messages}   fence (first id not readable yet): {s.fence}")
+        out(f"messages: {s.messages}   last id handed out: {s.allocated}")
         if s.oldest_unpassed_age is not None:
             out(f"oldest message not passed by every reader: {_age(s.oldest_unpassed_age)} old")
         elif s.readers:
             out("oldest message not passed by every reader: none, every reader is up to date")
         if s.readers:
-            out(f"{'reader':<32} {'part':>6} {'behind':>8} {'last run':>9}  error")
+            out(f"{'reader':<32} {'part':>6} {'behind':>8} {'last run':>9}  notes")
             for r in s.readers:
                 part = f"{r.partition}/{r.partition_count}"
-                error = (r.last_error.splitlines() or [""])[-1][:60]
-                tenant = f" (tenant {r.failing_tenant})" if r.failing_tenant is not None else ""
-                note = f"attempt {r.attempts}{tenant}: {error}" if r.attempts else ""
-                out(f"{r.name:<32} {part:>6} {r.behind:>8} {_age(r.last_processed_age):>9}  {note}")
+                notes = []
+                if r.position.held:
+                    held = ", ".join(str(t) for t in sorted(r.position.held))
+                    notes.append(f"held back: tenant(s) {held}")
+                if r.attempts:
+                    error = (r.last_error.splitlines() or [""])[-1][:60]
+                    tenant = f" (tenant {r.failing_tenant})" if r.failing_tenant is not None else ""
+                    notes.append(f"attempt {r.attempts}{tenant}: {error}")
+                out(f"{r.name:<32} {part:>6} {r.behind:>8} {_age(r.last_processed_age):>9}  "
+                    + "; ".join(notes))
         else:
             out("no consumer or relay has run yet")
         parked = sum(s.parked.values())
         detail = ", ".join(f"{k}: {v}" for k, v in sorted(s.parked.items()))
         out(f"parked: {parked}" + (f" ({detail})" if detail else ""))
-        b = s.blocker
-        if s.held_back or b is not None:
-            out(f"held back by an open transaction that published: {s.held_back} message(s)")
-        if b is not None:
-            if b.pid is None:
-                out(f"  prepared transaction {b.query!r} bound {b.bound} age {_age(b.age)} "
-                    f"db {b.database} user {b.user}: COMMIT PREPARED or ROLLBACK PREPARED it")
-            else:
-                query = " ".join((b.query or "(hidden: grant pg_read_all_stats)").split())[:200]
-                out(
-                    f"  pid {b.pid} bound {b.bound} age {_age(b.age)} db {b.database} "
-                    f"user {b.user} state {b.state}: {query}"
-                )
+        if not s.publishers:
+            return
+        out(f"open transactions that published: {len(s.publishers)}, holding back "
+            f"{s.held_back} committed message(s) of their own tenants")
+        for p in s.publishers:
+            tenants = ", ".join(str(t) for t in p.tenants[:10]) + (
+                f" and {len(p.tenants) - 10} more" if len(p.tenants) > 10 else "")
+            if p.any_tenant:  # a tenant's key was held by someone else: all are held back
+                tenants = "any (all held back)"
+            since = p.since.isoformat(timespec="seconds") if p.since else "-"
+            if p.pid is None:
+                out(f"  prepared transaction {p.query!r} (role {p.user}) since {since} "
+                    f"({_age(p.age)}), tenant(s) {tenants}, {p.waiting} waiting: "
+                    "COMMIT PREPARED or ROLLBACK PREPARED it")
+                continue
+            query = " ".join((p.query or "(hidden: grant pg_read_all_stats)").split())[:200]
+            out(f"  pid {p.pid} role {p.user} application {p.application or '-'} since {since} "
+                f"({_age(p.age)}) state {p.state or '-'}, tenant(s) {tenants}, "
+                f"{p.waiting} waiting: {query}")
