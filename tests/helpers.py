@@ -35,6 +35,15 @@ def app_connection():
     return connections[app_alias()]
 
 
+def app_role() -> str:
+    """The web process's role, as the app alias logs in."""
+    from django.conf import settings
+
+    from tenancy.aliases import app_alias
+
+    return settings.DATABASES[app_alias()]["USER"]
+
+
 def app_atomic():
     """``transaction.atomic()`` on the app alias."""
     from django.db import transaction

@@ -12,7 +12,7 @@ from django.core.management import CommandError, call_command
 from outbox.consumers import ensure_offsets
 from outbox.relay import Relay
 from outbox.testing import InMemoryTransport
-from tests.helpers import observer
+from tests.helpers import app_role, observer
 from tests.outbox.consumers import OrderRecorder, PartitionedRecorder, SlowRecorder
 from tests.outbox.helpers import ROOT, drain, publish_as
 
@@ -34,6 +34,7 @@ def set_lease(until_sql: str) -> None:
     with observer() as conn:
         conn.execute(f"UPDATE consumer_offsets SET lease_until = {until_sql}"
                      " WHERE name = 'relay:default'")
+
 
 
 @pytest.fixture
@@ -63,8 +64,8 @@ def test_a_consumer_behind_exits_1_naming_it(every_reader):
     age_messages(120)
     code, out = health("--max-lag", "60", "orders")
     assert code == 1
-    assert re.search(r"orders\[0\]: 1 message\(s\) behind, the oldest 1\d\d s old \(limit 60 s\)",
-                     out), out
+    assert re.search(r"orders\[0\]: 1 message\(s\) not passed, the first 1\d\d s old"
+                     r" \(limit 60 s\): the consumer is not keeping up, or not running", out), out
     assert "Traceback" not in out
     assert health("--max-lag", "600", "orders")[0] == 0  # within a looser limit
     drain(OrderRecorder())
@@ -74,8 +75,38 @@ def test_a_consumer_behind_exits_1_naming_it(every_reader):
 def test_the_relay_behind_is_unhealthy_too(every_reader):
     publish_as(1, "order.placed", {"sku": "late"})
     age_messages(120)
-    with pytest.raises(CommandError, match=r"relay:default: 1 message\(s\) behind"):
+    with pytest.raises(CommandError, match=r"relay:default: 1 message\(s\) not passed"):
         call_command("outbox_health", "relay:default", "--max-lag", "60")
+
+
+def test_a_tenant_held_back_past_the_limit_is_unhealthy_and_says_who_holds_it(every_reader,
+                                                                               client):
+    """An open transaction that published holds its tenant's later messages: health sees
+    them age, whatever the readers' positions, and names the transaction."""
+    from tests.helpers import connect, server_pid
+    from tests.outbox.helpers import raw_publish
+
+    with connect() as slow:
+        slow.execute("SET application_name = 'slow import'")
+        slow.execute("BEGIN")
+        raw_publish(slow, 1, "order.placed", {"sku": "open"})
+        publish_as(1, "order.placed", {"sku": "waiting"})  # committed, of the held tenant
+        drain(OrderRecorder())
+        code, out = health("--max-lag", "60", "orders")
+        assert code == 0, out  # not old yet
+        age_messages(120)
+        code, out = health("--max-lag", "60", "orders")
+        assert code == 1
+        assert re.search(
+            rf"orders\[0\]: 1 message\(s\) not passed, the first 1\d\d s old \(limit 60 s\): "
+            rf"tenant 1 is held back by an open transaction that published for it \(pid "
+            rf"{server_pid(slow)}, role {app_role()}, application slow import", out), out
+        response = client.get("/healthz/outbox?reader=orders")
+        assert response.status_code == 503
+        assert "held back by an open transaction" in response.json()["problems"][0]
+        slow.execute("COMMIT")
+    drain(OrderRecorder())
+    assert health("--max-lag", "60", "orders")[0] == 0
 
 
 def test_a_stale_relay_lease_exits_1(every_reader):
@@ -129,8 +160,8 @@ def test_the_view_answers_200_when_fine_and_503_when_behind(client, every_reader
     body = response.json()
     assert body["status"] == "unhealthy"
     [problem] = body["problems"]
-    assert re.fullmatch(r"orders\[0\]: 1 message\(s\) behind, the oldest 1\d\d s old "
-                        r"\(limit 60 s\)", problem)
+    assert re.fullmatch(r"orders\[0\]: 1 message\(s\) not passed, the first 1\d\d s old "
+                        r"\(limit 60 s\): the consumer is not keeping up, or not running", problem)
     assert body["readers"][0]["behind"] == 1
     assert client.post("/healthz/outbox").status_code == 405
 

@@ -120,7 +120,7 @@ def test_the_migration_converts_every_position_exactly(old_outbox):
         assert conn.execute("SELECT lease_owner, lease_until FROM consumer_offsets"
                             " WHERE name = 'relay:default'").fetchone() == ("", None)
         # the readers go on in id order, from where they were
-        rows = conn.execute("SELECT (message).id FROM outbox_read(4, 10, NULL, 0, 1)"
+        rows = conn.execute("SELECT (message).id FROM outbox_read_v2(4, '{}', 10, NULL, 0, 1)"
                             " WHERE (message).id IS NOT NULL").fetchall()
         assert [r[0] for r in rows] == [5, 6]
         conn.execute("BEGIN")

@@ -26,7 +26,7 @@ from kombu import Exchange, Queue
 
 from outbox.relay import Relay
 from outbox.store import read_batch, read_envelopes
-from outbox.stream import Envelope
+from outbox.stream import Envelope, Position
 from outbox.transports import CeleryTransport, _RedisWire
 from tenancy.aliases import system_alias
 from tests.helpers import observer
@@ -116,9 +116,10 @@ def test_postgresql_builds_the_envelope_the_relay_sent_before():
                      " WHERE message_id = %s", [ids[0]])
         conn.execute("UPDATE outbox_messages SET created_at = '2026-01-02 03:04:05.000123+00'"
                      " WHERE message_id = %s", [ids[1]])  # a fraction with leading zeros
-    wait_for(lambda: len(read_batch(system_alias(), 0, 100).messages) == len(ids), "fenced")
-    messages = read_batch(system_alias(), 0, 100).messages
-    envelopes = read_envelopes(system_alias(), 0, 100).messages
+    wait_for(lambda: len(read_batch(system_alias(), Position(), 100).messages) == len(ids),
+             "fenced")
+    messages = read_batch(system_alias(), Position(), 100).messages
+    envelopes = read_envelopes(system_alias(), Position(), 100).messages
     assert [e.message_id for e in envelopes] == [str(i) for i in ids]
     assert [e.position for e in envelopes] == [m.position for m in messages]
     assert [e.topic for e in envelopes] == [m.topic for m in messages]
@@ -133,10 +134,10 @@ def test_postgresql_builds_the_envelope_the_relay_sent_before():
 @needs_kombu_batches
 def test_the_fast_path_writes_the_message_kombu_writes(queue, monkeypatch):
     publish_many(A, "order.placed", [{"sku": f"s{i}", "p": p} for i, p in enumerate(PAYLOADS)])
-    wait_for(lambda: len(read_envelopes(system_alias(), 0, 100).messages) == len(PAYLOADS),
+    wait_for(lambda: len(read_envelopes(system_alias(), Position(), 100).messages) == len(PAYLOADS),
              "fenced")
-    envelopes = read_envelopes(system_alias(), 0, 100).messages
-    messages = read_batch(system_alias(), 0, 100).messages
+    envelopes = read_envelopes(system_alias(), Position(), 100).messages
+    messages = read_batch(system_alias(), Position(), 100).messages
     sent = []
     monkeypatch.setattr(_RedisWire, "send", _spy(_RedisWire.send, sent))
     CeleryTransport().send_envelopes(envelopes)
@@ -278,11 +279,11 @@ def test_the_default_send_envelopes_decodes_for_transports_that_take_messages():
     from outbox.testing import InMemoryTransport
 
     published = publish_as(A, "order.placed", {"sku": "z"}, key="k")
-    wait_for(lambda: len(read_envelopes(system_alias(), 0, 10).messages) == 1, "fenced")
-    [envelope] = read_envelopes(system_alias(), 0, 10).messages
+    wait_for(lambda: len(read_envelopes(system_alias(), Position(), 10).messages) == 1, "fenced")
+    [envelope] = read_envelopes(system_alias(), Position(), 10).messages
     memory = InMemoryTransport()
     memory.send_envelopes([envelope])
-    assert memory.sent == read_batch(system_alias(), 0, 10).messages
+    assert memory.sent == read_batch(system_alias(), Position(), 10).messages
     assert Envelope.of(memory.sent[0]).data() == envelope.data()
     assert memory.message_ids == [str(published)]
 

@@ -1,4 +1,5 @@
-"""outbox_status: lag, parked messages, and the transaction holding delivery back."""
+"""outbox_status: lag, parked messages, and the open transactions that published (each
+holds back its own tenants' later messages)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ from django.core.management import call_command
 
 from outbox.status import status
 from tenancy.aliases import system_alias
-from tests.helpers import connect, observer, server_pid
+from tests.helpers import app_role, connect, observer, server_pid
 from tests.outbox.consumers import OrderRecorder
 from tests.outbox.helpers import drain, effects, publish_many, raw_publish
 
-A = 1
+A, B = 1, 2
+
 
 
 @pytest.fixture
@@ -38,22 +40,28 @@ def test_status_reports_lag_per_consumer_and_partition():
     assert s.oldest_unpassed_age is not None
 
 
-def test_status_names_the_open_transaction_that_holds_delivery_back(system_reads_all_stats,
-                                                                    capsys):
+def test_status_names_the_open_transaction_that_holds_its_tenant_back(system_reads_all_stats,
+                                                                      capsys):
     with connect() as blocker, blocker.transaction():
+        blocker.execute("SET application_name = 'nightly import'")
         raw_publish(blocker, A, "order.placed", {"sku": "held"})
         pid = server_pid(blocker)
         blocker.execute("SELECT 'the long transaction'")
         publish_many(A, "order.placed", [{"sku": "behind"}])
+        publish_many(B, "order.placed", [{"sku": "not held"}])
         s = status()
         assert s.held_back == 1  # "behind" (the held message itself is not committed)
-        assert s.blocker.pid == pid  # only a publisher of this database can hold it back
-        assert "the long transaction" in s.blocker.query
-        assert s.blocker.age is not None
+        [publisher] = s.publishers
+        assert (publisher.pid, publisher.tenants, publisher.waiting) == (pid, (A,), 1)
+        assert (publisher.user, publisher.application) == (app_role(), "nightly import")
+        assert "the long transaction" in publisher.query
+        assert publisher.age is not None and publisher.since is not None
         call_command("outbox_status")
     out = capsys.readouterr().out
-    assert "held back by an open transaction" in out
-    assert f"pid {s.blocker.pid}" in out
+    assert "open transactions that published: 1, holding back 1 committed message(s)" in out
+    assert (f"pid {pid} role {app_role()} application nightly import since "
+            f"{publisher.since.isoformat(timespec='seconds')}") in out
+    assert "tenant(s) 1, 1 waiting" in out
 
 
 def test_status_counts_parked_messages(settings, capsys):
@@ -79,7 +87,8 @@ def test_status_says_so_when_every_reader_is_up_to_date(capsys):
     assert "- old" not in out
 
 
-def test_status_names_the_publisher_with_the_lowest_bound(system_reads_all_stats, capsys):
+def test_status_names_every_publisher_in_flight_lowest_bound_first(system_reads_all_stats,
+                                                                    capsys):
     from tests.outbox.helpers import publish_as
 
     publish_as(A, "order.placed", {"sku": "committed"})
@@ -91,19 +100,20 @@ def test_status_names_the_publisher_with_the_lowest_bound(system_reads_all_stats
         first_pid = server_pid(first)
         first.execute("SELECT 'the first publisher'")
         second.execute("BEGIN")
-        raw_publish(second, A, "order.placed", {"sku": "second"})
+        raw_publish(second, B, "order.placed", {"sku": "second"})
         publish_many(A, "order.placed", [{"sku": "behind"}])
         s = status()
-        assert s.blocker.pid == first_pid
-        assert "the first publisher" in s.blocker.query
-        assert s.blocker.state == "idle in transaction" and s.blocker.age is not None
+        assert [p.pid for p in s.publishers] == [first_pid, server_pid(second)]
+        first_publisher = s.publishers[0]
+        assert "the first publisher" in first_publisher.query
+        assert first_publisher.state == "idle in transaction" and first_publisher.age is not None
+        assert s.publishers[0].bound <= s.publishers[1].bound
         assert s.held_back == 1
-        assert s.fence == s.blocker.bound + 1
         call_command("outbox_status")
         first.execute("ROLLBACK")
-        assert status().blocker.pid == server_pid(second)
+        assert [p.pid for p in status().publishers] == [server_pid(second)]
         second.execute("ROLLBACK")
-        assert status().blocker is None and status().held_back == 0
+        assert status().publishers == [] and status().held_back == 0
     out = capsys.readouterr().out
-    assert f"pid {first_pid} bound {s.blocker.bound}" in out
-    assert "held back by an open transaction that published: 1 message(s)" in out
+    assert f"pid {first_pid} role {app_role()}" in out
+    assert "open transactions that published: 2, holding back 1 committed message(s)" in out
