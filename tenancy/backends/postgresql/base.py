@@ -46,7 +46,8 @@ class DatabaseCreation(creation.DatabaseCreation):
     ) -> str:
         owner = _owner(self.connection)
         if owner is None:
-            return str(super().create_test_db(verbosity, autoclobber, serialize is not False, keepdb))
+            serialize = serialize is not False
+            return str(super().create_test_db(verbosity, autoclobber, serialize, keepdb))
         # The owner creates and migrates it (Django names it after the owner's NAME,
         # the same database); this alias then connects to it as its own role.
         self._owner_name = connections[owner].settings_dict["NAME"]
