@@ -46,6 +46,7 @@ def databases(
     roles: Mapping[str, str] | None = None,
     aliases: Mapping[str, str] | None = None,
     passfile: str | os.PathLike[str] | None = None,
+    pooled: str | Mapping[str, Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The ``DATABASES`` entries of the four roles, from one database URL.
 
@@ -69,6 +70,12 @@ def databases(
             (``OPTIONS["passfile"]``); ``manage.py create_roles`` writes the
             passwords it generates there. Without it, set each alias's
             ``PASSWORD`` yourself, or rely on libpq's ``~/.pgpass``.
+        pooled: the URL of a pgbouncer in transaction mode in front of the
+            same database (its ``[databases]`` name may differ). The app
+            alias, the web process's, connects through it, with what a pooled
+            alias needs (docs/scaling.md): persistent, health-checked
+            connections, no server-side cursors, no prepared statements. The
+            others stay direct: consumers and relays rely on their sessions.
 
     Returns:
         ``{alias: settings}`` for the four aliases (and ``default`` when no
@@ -107,6 +114,13 @@ def databases(
         entry["TEST"] = {"DEPENDENCIES": []}
         if kind != "owner":
             entry["TEST"]["OWNER"] = where["owner"]
+        if kind == "app" and pooled is not None:
+            via = _server(pooled)
+            entry.update(
+                NAME=via["NAME"], HOST=via["HOST"], PORT=via["PORT"],
+                OPTIONS={**options, **via["OPTIONS"], "prepare_threshold": None},
+                CONN_MAX_AGE=None, CONN_HEALTH_CHECKS=True, DISABLE_SERVER_SIDE_CURSORS=True,
+            )
         result[where[kind]] = entry
     return result
 

@@ -57,8 +57,13 @@ class DatabaseCreation(creation.DatabaseCreation):
         self.connection.close()
         from django.conf import settings
 
-        settings.DATABASES[self.connection.alias]["NAME"] = name
-        self.connection.settings_dict["NAME"] = name
+        # Directly, where the owner connects: a pooler in front of this alias
+        # (tenancy.databases(pooled=...)) knows the real database, not the test's.
+        self._direct = {k: self.connection.settings_dict.get(k) for k in ("NAME", "HOST", "PORT")}
+        direct = {"NAME": name, "HOST": connections[owner].settings_dict.get("HOST"),
+                  "PORT": connections[owner].settings_dict.get("PORT")}
+        settings.DATABASES[self.connection.alias].update(direct)
+        self.connection.settings_dict.update(direct)
         return name
 
     def destroy_test_db(
@@ -71,11 +76,10 @@ class DatabaseCreation(creation.DatabaseCreation):
             return
         connections.close_all()  # DROP DATABASE waits for no session, so close ours
         connections[owner].creation.destroy_test_db(self._owner_name, verbosity, keepdb, suffix)
-        if old_database_name is not None:
-            from django.conf import settings
+        from django.conf import settings
 
-            settings.DATABASES[self.connection.alias]["NAME"] = old_database_name
-            self.connection.settings_dict["NAME"] = old_database_name
+        settings.DATABASES[self.connection.alias].update(self._direct)
+        self.connection.settings_dict.update(self._direct)
 
     def clone_test_db(
         self, suffix: str, verbosity: int = 1, autoclobber: bool = False, keepdb: bool = False
