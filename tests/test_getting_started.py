@@ -389,6 +389,29 @@ class Refund(models.Model):
 class Product(models.Model):
     sku = models.CharField(max_length=50)
 ''')
+    # ...and a test that commits, which Django flushes after it (through the owner).
+    (project.dir / "shop" / "tests.py").write_text(
+        (project.dir / "shop" / "tests.py").read_text() + """
+
+from django.test import TransactionTestCase
+
+
+class RefundsCommit(TransactionTestCase):
+    def test_a_refund_commits(self):
+        from shop.models import Refund
+
+        with tenant_context(1):
+            Refund.objects.create(tenant_id=1, amount=5)
+        with tenant_context(1):
+            self.assertEqual(Refund.objects.count(), 1)
+
+    def test_and_the_next_test_starts_empty(self):
+        from shop.models import Refund
+
+        with tenant_context(1):
+            self.assertEqual(Refund.objects.count(), 0)
+            Refund.objects.create(tenant_id=1, amount=5)
+""")
     made = project.shell("python manage.py makemigrations shop")
     assert "Create model Refund" in made and "Create model Product" in made
     project.shell("python manage.py migrate --database owner")
@@ -432,8 +455,8 @@ TENANCY["APP_DATABASE"] = "app"
 '''))
     (project.dir / "shop" / "tests.py").write_text(
         (project.dir / "shop" / "tests.py").read_text().replace(
-            "class OrdersAreIsolated(TestCase):\n",
-            'class OrdersAreIsolated(TestCase):\n    databases = {"app"}\n\n'))
+            "(TestCase):\n", '(TestCase):\n    databases = {"app"}\n\n').replace(
+            "(TransactionTestCase):\n", '(TransactionTestCase):\n    databases = {"app"}\n\n'))
     every_command_through_every_alias(project, ("app", "worker", "system", "owner"),
                                       tests="shop")
 
@@ -456,7 +479,7 @@ def every_command_through_every_alias(project: Project, aliases: tuple[str, ...]
                             f" --database {alias}")
         assert project.roles[kind] in who, who
     ran = project.shell(f"python manage.py test {tests}")
-    assert re.search(r"^OK$", ran, re.M), ran
+    assert re.search(r"^OK$", ran, re.M) and "Ran 3 tests" in ran, ran
 
 
 def test_the_events_page_works_as_written(project):

@@ -201,3 +201,27 @@ def test_the_test_apps_hand_written_policies_come_back_when_its_migration_is_rev
 def test_nothing_but_the_owner_may_call_the_functions():
     with connect() as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
         conn.execute("SELECT tenancy_isolate('testapp_order'::regclass, 'x')")
+
+
+def test_a_tenant_isolated_model_without_a_tenant_id_of_its_own_is_an_error(monkeypatch):
+    from django.db import models
+    from django.test.utils import isolate_apps
+
+    from tenancy import checks
+
+    with isolate_apps("tests.testapp"):
+        class Parent(models.Model):
+            tenant_isolated = True
+            tenant_id = models.BigIntegerField()
+
+            class Meta:
+                app_label = "testapp"
+
+        class Child(Parent):  # a multi-table child: its table has no tenant_id
+            class Meta:
+                app_label = "testapp"
+
+        monkeypatch.setattr(checks, "tenant_isolated_models", lambda: [Parent, Child])
+        found = checks.check_policy_declarations()
+    assert [(m.id, m.obj) for m in found] == [("tenancy.E029", Child)]
+    assert "no tenant_id column of its own" in found[0].msg

@@ -87,3 +87,15 @@ def test_after_the_upgrade_every_alias_runs_the_commands_a_developer_runs(conver
     for alias in (app_alias(), worker_alias(), system_alias(), "owner"):
         call_command("showmigrations", database=alias, verbosity=0)
         call_command("check", databases=[alias], verbosity=0)
+
+
+def test_a_grant_to_public_on_a_table_the_matrix_governs_is_taken_back(converges_after):
+    with observer() as conn:
+        conn.execute("GRANT SELECT, UPDATE ON consumer_offsets, django_migrations TO PUBLIC")
+    assert {f.table for f in compare("owner")} == {"consumer_offsets", "django_migrations"}
+    call_command("migrate", database="owner", verbosity=0)
+    assert compare("owner") == []
+    with observer() as conn:
+        acl = conn.execute("SELECT relacl::text FROM pg_class WHERE relname = 'consumer_offsets'"
+                           ).fetchone()[0]
+    assert not re.search(r"[{,]=", acl), acl  # no entry for PUBLIC
