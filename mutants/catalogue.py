@@ -564,19 +564,19 @@ CATALOGUE: list[Mutant] = [
     ),
     # --- tenancy: adoption (issue 19) -----------------------------------------------------------
     mutant(
-        "databases.app-engine-django", "tenancy.databases",
+        "databases.app-engine-django", "tenancy.layout",
         "manage.py test works with databases()'s aliases: the owner creates, migrates and flushes "
         "the test database",
-        "tenancy/databases.py",
+        "tenancy/layout.py",
         '            "ENGINE": OWNER_ENGINE if kind == "owner" else ROLE_ENGINE,',
         '            "ENGINE": OWNER_ENGINE,',
         (TENANCY + "test_setup_databases.py",
          "tests/test_getting_started.py::test_the_getting_started_page_works_as_written_and_past_it"),
     ),
     mutant(
-        "databases.user-in-url-accepted", "tenancy.databases",
+        "databases.user-in-url-accepted", "tenancy.layout",
         "a database URL that names a user or a password is refused",
-        "tenancy/databases.py",
+        "tenancy/layout.py",
         '        if "@" in parts.netloc:\n            raise DatabaseURLError(_NO_USER)',
         '        if False:\n            raise DatabaseURLError(_NO_USER)',
         (TENANCY + "test_setup_databases.py",),

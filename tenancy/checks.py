@@ -38,7 +38,7 @@ def _is_postgresql(alias: str) -> bool:
     return engine in {
         "django.db.backends.postgresql",
         "django.contrib.gis.db.backends.postgis",
-        "tenancy.backends.postgresql",  # tenancy.databases: PostgreSQL's, tests made by the owner
+        "tenancy.backends.postgresql",  # tenancy.databases(): PostgreSQL's, tests made by the owner
     }
 
 

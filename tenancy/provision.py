@@ -109,7 +109,7 @@ def target(owner_alias: str) -> Target:
     missing = [kind for kind in KINDS if not roles[kind]]
     if missing:
         raise ConfigurationError(
-            f"no role named for {', '.join(missing)}: give each alias a USER (tenancy.databases "
+            f"no role named for {', '.join(missing)}: give each alias a USER (tenancy.databases() "
             "does) or name it in TENANCY[\"ROLES\"]"
         )
     if len(set(roles.values())) != len(roles):

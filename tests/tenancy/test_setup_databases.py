@@ -1,10 +1,11 @@
-"""``tenancy.databases.databases()``: the four aliases from one database URL."""
+"""``tenancy.databases()``: the four aliases from one database URL."""
 
 from __future__ import annotations
 
 import pytest
 
-from tenancy.databases import DatabaseURLError, databases
+from tenancy import databases
+from tenancy.layout import DatabaseURLError
 
 
 def test_one_url_gives_the_four_aliases_each_as_its_own_role():

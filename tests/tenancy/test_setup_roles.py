@@ -1,7 +1,7 @@
 """``manage.py create_roles``: the four roles and the database, from a superuser's connection.
 
 Against the real server of the suite, with role and database names of each
-test's own (dropped afterwards). The settings are what ``tenancy.databases``
+test's own (dropped afterwards). The settings are what ``tenancy.databases()``
 writes for them.
 """
 
@@ -20,7 +20,7 @@ from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 
-from tenancy.databases import databases
+from tenancy import databases
 from tenancy.provision import passfile_password, saslprep, scram_verifier
 from tests.helpers import superuser
 

@@ -1,6 +1,6 @@
 """Django's PostgreSQL backend for a role that does not own the tables.
 
-The app, worker and system aliases of :func:`tenancy.databases.databases` use
+The app, worker and system aliases of :func:`tenancy.databases` use
 it. In a deployment it is Django's backend, unchanged. Under ``manage.py
 test`` (and pytest-django) it hands to the owner's alias, named by
 ``TEST["OWNER"]``, what only the owner may do, as in a deployment:

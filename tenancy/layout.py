@@ -1,13 +1,14 @@
-"""The ``DATABASES`` of a deployment, from one database URL and the roles' names.
+"""The database layout of a deployment: ``DATABASES`` from one URL and the roles' names.
 
 A deployment connects to one database as four roles (docs/roles.md): the web
 process as the app role, consumers and relays as the worker role,
 cross-tenant upkeep as the system role, and ``migrate`` as the owner. Each
-needs an alias; :func:`databases` writes the four from one URL::
+needs an alias; :func:`databases` (``from tenancy import databases``) writes
+the four from one URL::
 
     DATABASES = databases("postgres://localhost:5432/shop", passfile=BASE_DIR / ".pgpass")
 
-This module imports nothing of Django's, so ``settings.py`` may import it.
+Importing it reads no setting, so ``settings.py`` may import it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
+
+from django_idempotency_outbox.errors import ConfigurationError
 
 #: The kinds of role, in the order the aliases are written.
 KINDS = ("app", "worker", "system", "owner")
@@ -36,7 +39,7 @@ _SCHEMES = {"postgres", "postgresql", "pgsql"}
 _NAME = re.compile(r"[^\s:/?#]+")
 
 
-class DatabaseURLError(ValueError):
+class DatabaseURLError(ConfigurationError):
     """The URL (or dict) given to :func:`databases` cannot name the aliases."""
 
 
