@@ -11,8 +11,9 @@
 #                           and newest allowed Django, DRF, psycopg, Celery/kombu (tox.ini)
 #   make test-verified      the same suites in the verified tenant context (DIO_VERIFIED_CONTEXT=1:
 #                           the key installed and the mode on, docs/roles.md)
-#   make dist               sdist and wheel into dist/, twine check, and a check of the
-#                           wheel's contents (every sql/*.sql and py.typed; no tests)
+#   make dist               sdist and wheel into dist/ (DIST=dir: elsewhere), twine check,
+#                           and a check of their contents and version (every sql/*.sql
+#                           and py.typed, no tests; the version has a CHANGELOG.md entry)
 #   make bench-idempotency  DRF endpoint with and without the mixin, side by side
 #   make bench-outbox       relay into Redis/Celery, no-op consumer, latency, memory
 #   make bench-reaper       reaping 1,000,000 expired keys under live traffic
@@ -136,12 +137,14 @@ $(DIST_STAMP): pyproject.toml
 	@$(BIN)/python -m pip install -q --disable-pip-version-check --group dist
 	@touch $(DIST_STAMP)
 
+# tests/test_getting_started.py builds its wheel with `make dist DIST=<a directory of its own>`.
+DIST ?= dist
 dist: $(DIST_STAMP)
-	@rm -rf dist
-	@$(BIN)/python -m build --outdir dist . >$(VENV)/build.log 2>&1 \
+	@rm -rf $(DIST) build
+	@$(BIN)/python -m build --outdir $(DIST) . >$(VENV)/build.log 2>&1 \
 		|| { tail -n 30 $(VENV)/build.log; echo "[make] python -m build failed; see $(VENV)/build.log"; exit 1; }
-	@$(BIN)/twine check --strict dist/*
-	@$(BIN)/python scripts/check-dist dist/*.whl dist/*.tar.gz
+	@$(BIN)/twine check --strict $(DIST)/*
+	@$(BIN)/python scripts/check-dist $(DIST)/*.whl $(DIST)/*.tar.gz
 
 services:
 	@scripts/services start pg redis

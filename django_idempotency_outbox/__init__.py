@@ -18,6 +18,6 @@ It is not a Django app and imports no model.
 
 from django_idempotency_outbox.errors import ConfigurationError, IdempotencyOutboxError
 
-__version__ = "0.1.0.dev0"
+__version__ = "0.2.0"
 
 __all__ = ["ConfigurationError", "IdempotencyOutboxError", "__version__"]

@@ -10,7 +10,8 @@ Requests get their tenant from :class:`TenantScopedViewMixin` (DRF views) or
 :func:`tenant_scoped` (plain Django views); :class:`AppDatabaseRouter` sends
 the ORM to the alias the tenant is set on when that alias is not ``default``.
 The view helpers are imported on first use, so importing ``tenancy`` does not
-import DRF.
+import DRF. :func:`databases` writes the ``DATABASES`` of the four roles from
+one URL (``settings.py`` may import it: importing ``tenancy`` reads no setting).
 """
 
 from typing import TYPE_CHECKING
@@ -29,6 +30,7 @@ __all__ = [
     "TenantScopedViewMixin",
     "__version__",
     "current_tenant_id",
+    "databases",
     "resolve_tenant",
     "tenant_alias",
     "tenant_context",
@@ -43,11 +45,13 @@ __getattr__ = lazy_exports(
         "tenant_scoped": "tenancy.decorators",
         "AppDatabaseRouter": "tenancy.routers",
         "resolve_tenant": "tenancy.resolver",
+        "databases": "tenancy.layout",
     },
 )
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
     from tenancy.decorators import tenant_scoped
+    from tenancy.layout import databases
     from tenancy.mixins import TenantScopedViewMixin
     from tenancy.resolver import resolve_tenant
     from tenancy.routers import AppDatabaseRouter

@@ -9,9 +9,12 @@ class TenancyConfig(AppConfig):
         from django.db.models.signals import post_migrate
 
         from tenancy import checks
+        from tenancy.policies import declare_policies, install_autodetector
         from tenancy.privileges import grant_after_migrate
 
         checks.register()
+        declare_policies()
+        install_autodetector()
         post_migrate.connect(grant_after_migrate, dispatch_uid="tenancy.grant_after_migrate")
         register_schema_extension()
 

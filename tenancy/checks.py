@@ -29,11 +29,17 @@ def register() -> None:
     checks.register(check_routing)
     checks.register(check_database_roles, checks.Tags.database)
     checks.register(check_privileges, checks.Tags.database)
+    checks.register(check_project_privileges, checks.Tags.database)
+    checks.register(check_policy_declarations)
 
 
 def _is_postgresql(alias: str) -> bool:
     engine = settings.DATABASES[alias].get("ENGINE", "")
-    return engine in {"django.db.backends.postgresql", "django.contrib.gis.db.backends.postgis"}
+    return engine in {
+        "django.db.backends.postgresql",
+        "django.contrib.gis.db.backends.postgis",
+        "tenancy.backends.postgresql",  # tenancy.databases(): PostgreSQL's, tests made by the owner
+    }
 
 
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
@@ -208,14 +214,23 @@ def _check_worker_routing(own: list[Any]) -> list[checks.CheckMessage]:
 def check_privileges(
     app_configs: Any = None, databases: Sequence[str] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
-    """Each role's privileges on each library table, against ``tenancy.privileges.MATRIX``."""
-    from tenancy.privileges import compare
+    """Each role's privileges on each library table, against ``tenancy.privileges.MATRIX``.
+
+    Through an alias that owns the tables (``migrate --database owner`` runs
+    the database checks on its own alias before it migrates), the differences
+    are one warning, ``tenancy.W027``: that ``migrate`` applies the matrix at
+    its end, so it must not stop on them. Through any other alias each is an
+    error naming its fix.
+    """
+    from tenancy.privileges import compare, owns_tables
 
     aliases = [a for a in databases or () if a in settings.DATABASES and _is_postgresql(a)]
     if not aliases:
         return []
     try:
         findings = compare(aliases[0])
+        if findings and owns_tables(aliases[0]):
+            return [_will_apply(aliases[0], findings)]
     except DatabaseError as exc:
         roles_checked = (tenancy_settings.APP_DATABASE, tenancy_settings.WORKER_DATABASE,
                          tenancy_settings.SYSTEM_DATABASE)
@@ -238,6 +253,95 @@ def check_privileges(
                 "library's privilege matrix does not give it (docs/roles.md).",
                 hint=f"Run, as the owner: {f.fix} (or manage.py grant_privileges).",
                 id="tenancy.E018",
+            ))
+    return errors
+
+
+def _will_apply(alias: str, findings: Sequence[Any]) -> checks.CheckMessage:
+    shown = "; ".join(
+        f"{f.role} {'lacks' if f.missing else 'has'} {f.privilege} on {f.table}"
+        for f in findings[:3]
+    )
+    more = f" and {len(findings) - 3} more" if len(findings) > 3 else ""
+    return checks.Warning(
+        f"{len(findings)} privilege(s) differ from the privilege matrix ({shown}{more}).",
+        hint=f"migrate --database {alias} applies the matrix when it ends (so does "
+        f"manage.py grant_privileges --database {alias}): docs/roles.md.",
+        id="tenancy.W027",
+    )
+
+
+def check_project_privileges(
+    app_configs: Any = None, databases: Sequence[str] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Can the web process use your tables at all, when migrate does not grant them?
+
+    With ``TENANCY["GRANT_PROJECT_TABLES"]`` off, your grants are yours to
+    give; a table of your apps (Django's included) on which the app role holds
+    no privilege at all is almost always one you forgot, and every request
+    that touches it answers 500.
+    """
+    from tenancy.privileges import role_names
+
+    if tenancy_settings.GRANT_PROJECT_TABLES:
+        return []  # migrate grants them; check_privileges compares
+    aliases = [a for a in databases or () if a in settings.DATABASES and _is_postgresql(a)]
+    role = role_names().get("app")
+    if not aliases or not role:
+        return []
+    from django.apps import apps
+    from django.db import connections
+
+    tables = sorted({
+        m._meta.db_table for m in apps.get_models(include_auto_created=True)
+        if m._meta.app_label not in LIBRARY_APPS and m._meta.managed and not m._meta.proxy
+    })
+    try:
+        with connections[aliases[0]].cursor() as cursor:
+            cursor.execute(
+                """
+                SELECT c.relname FROM pg_class c
+                  JOIN pg_roles r ON r.rolname = %s
+                 WHERE c.relname = ANY(%s) AND c.relkind IN ('r', 'p')
+                   AND c.relnamespace = current_schema()::regnamespace
+                   AND NOT has_table_privilege(r.rolname, c.oid,
+                                               'SELECT, INSERT, UPDATE, DELETE')
+                 ORDER BY 1
+                """,
+                [role, tables],
+            )
+            bare = [row[0] for row in cursor.fetchall()]
+    except DatabaseError:
+        return []  # check_database_roles reports an alias it cannot inspect (tenancy.E010)
+    if not bare:
+        return []
+    shown = ", ".join(bare[:5]) + (f" and {len(bare) - 5} more" if len(bare) > 5 else "")
+    return [checks.Warning(
+        f"The app role {role!r} has no privilege on {len(bare)} table(s) of your apps "
+        f"({shown}): every query of the web process on them fails.",
+        hint='Set TENANCY["GRANT_PROJECT_TABLES"] = True and run migrate as the owner, or '
+        "grant them yourself (docs/roles.md).",
+        id="tenancy.W028",
+    )]
+
+
+def check_policy_declarations(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """A tenant-isolated model of yours needs a ``tenant_id`` column of its own."""
+    from tenancy.policies import declares_policy
+
+    errors: list[checks.CheckMessage] = []
+    for model in tenant_isolated_models():
+        meta = model._meta
+        if meta.app_label in LIBRARY_APPS or not meta.managed or meta.proxy:
+            continue
+        if not declares_policy(model):
+            errors.append(checks.Error(
+                f"{meta.label} declares tenant_isolated = True, but its table {meta.db_table} "
+                "has no tenant_id column of its own: no policy can be written for it.",
+                hint="Give the model a tenant_id field (a BigIntegerField), or remove "
+                "tenant_isolated (a multi-table child inherits it from its parent).",
+                obj=model,
+                id="tenancy.E029",
             ))
     return errors
 
@@ -379,9 +483,8 @@ def _rls_hint(table: str) -> str:
     if app_label in LIBRARY_APPS:
         return "Run the library's migrations; never edit their SQL."
     return (
-        f"Give {table} the policy of docs/roles.md in a migration of the app "
-        f"{app_label!r}: ENABLE and FORCE ROW LEVEL SECURITY, and one policy whose USING and "
-        "WITH CHECK compare tenant_id with app.tenant_id."
+        f"Run manage.py makemigrations {app_label} and migrate as the owner: the model's "
+        "tenant_isolated = True gives its table the policy of docs/roles.md in a migration."
     )
 
 

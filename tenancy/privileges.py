@@ -1,13 +1,16 @@
 """Who may do what to the library's tables: one matrix, for the grants, the check and the docs.
 
-:data:`MATRIX` is the only list of the library's privileges. ``migrate`` run
-as the tables' owner applies it (a ``post_migrate`` handler, app by app),
-``manage.py grant_privileges`` applies or prints it, the system check
+:data:`MATRIX` is the only list of the library's privileges (and of what the
+roles need on Django's ``django_migrations``). ``migrate`` run as the tables'
+owner applies it (a ``post_migrate`` handler, app by app), ``manage.py
+grant_privileges`` applies or prints it, the system check
 ``tenancy.E017``/``E018`` compares the database with it, and docs/roles.md
 shows its ``--print`` output (a test keeps the page and the matrix equal).
 
-Applying is idempotent and never widens: for each library table and role it
-revokes everything, then grants the matrix's privileges, in one transaction.
+Applying converges and never widens: for each table the matrix governs and
+each role whose privileges there differ from it, it revokes everything, then
+grants the matrix's privileges, in one transaction; what already agrees is
+left alone, so running it again runs nothing.
 The role of each kind is ``TENANCY["ROLES"][kind]``, else the ``USER`` of the
 kind's alias (``APP_DATABASE``, ``WORKER_DATABASE``, ``SYSTEM_DATABASE``).
 """
@@ -47,6 +50,13 @@ DML = ("SELECT", "INSERT", "UPDATE", "DELETE")
 #:   offsets, failures and dead letters; deletes what retention and the
 #:   reaper delete; updates keys (the reaper's give-up) and its lease.
 MATRIX: dict[str, dict[str, dict[str, tuple[str, ...]]]] = {
+    # Django's record of applied migrations: read through every alias
+    # (makemigrations' consistency check, showmigrations, runserver's start-up
+    # check, the test runner); only the owner, who runs migrate, writes it.
+    # Applied with every app's post_migrate: tenancy has no models of its own.
+    "tenancy": {
+        "django_migrations": {APP: ("SELECT",), WORKER: ("SELECT",), SYSTEM: ("SELECT",)},
+    },
     "idempotency": {
         "idempotency_keys": {APP: DML, SYSTEM: ("SELECT", "UPDATE", "DELETE")},
         "idempotency_leases": {SYSTEM: ("SELECT", "UPDATE")},
@@ -63,9 +73,6 @@ MATRIX: dict[str, dict[str, dict[str, tuple[str, ...]]]] = {
         "outbox_received": {APP: ("SELECT", "INSERT"), SYSTEM: ("SELECT", "DELETE")},
     },
 }
-
-#: Django's record of applied migrations: read by ``runserver``'s start-up check.
-MIGRATIONS_TABLE = "django_migrations"
 
 #: The aliases setting of each kind.
 _ALIAS_SETTING = {APP: "APP_DATABASE", WORKER: "WORKER_DATABASE", SYSTEM: "SYSTEM_DATABASE"}
@@ -113,17 +120,13 @@ def project_tables(
 
     DML to the app role on each, and to the worker role on the
     ``tenant_isolated`` ones (consumers' handlers write those). Nothing is
-    revoked on them: grants you add by hand stay. Django's own
-    ``django_migrations`` (no model, no app) gets ``SELECT`` for the app role
-    with the rows of each app of yours (``post_migrate`` comes app by app):
-    ``runserver`` reads it at start-up on the web process's alias.
+    revoked on them: grants you add by hand stay. (Django's
+    ``django_migrations`` is in :data:`MATRIX`, under tenancy.)
     """
     if not tenancy_settings.GRANT_PROJECT_TABLES:
         return {}
     wanted = None if app_labels is None else set(app_labels)
     rows: dict[str, dict[str, tuple[str, ...]]] = {}
-    if wanted is None or wanted - MATRIX.keys():
-        rows[MIGRATIONS_TABLE] = {APP: ("SELECT",)}
     for model in apps.get_models(include_auto_created=True):
         meta = model._meta
         if meta.app_label in MATRIX or meta.proxy or not meta.managed:
@@ -172,21 +175,33 @@ def statements(
     roles: dict[str, str] | None = None,
     schema: str = "public",
 ) -> list[str]:
-    """The SQL that applies the matrix: what ``grant_privileges --print`` prints."""
+    """The SQL that applies the matrix: what ``grant_privileges --print`` prints.
+
+    For each table the matrix governs (the library's, and Django's
+    ``django_migrations``): nothing for ``PUBLIC``, and for each role exactly
+    its privileges; for your tables (``GRANT_PROJECT_TABLES``) the grants only.
+    """
     names = role_names() if roles is None else roles
     found = grants(app_labels, names)
     if not found:
         return []
     everyone = ", ".join(quote(r) for r in dict.fromkeys(names.values()))
     lines = [f"GRANT USAGE ON SCHEMA {quote(schema)} TO {everyone};"]
+    public_done: set[str] = set()
     for grant in found:
-        if grant.revoke_first:
-            lines.append(f"REVOKE ALL ON {quote(grant.table)} FROM {quote(grant.role)};")
-        if grant.privileges:
-            lines.append(
-                f"GRANT {', '.join(grant.privileges)} ON {quote(grant.table)} "
-                f"TO {quote(grant.role)};"
-            )
+        if grant.revoke_first and grant.table not in public_done:
+            public_done.add(grant.table)
+            lines.append(f"REVOKE ALL ON {quote(grant.table)} FROM PUBLIC;")
+        lines.extend(_grant_lines(grant, grant.privileges))
+    return lines
+
+
+def _grant_lines(grant: Grant, privileges: Iterable[str]) -> list[str]:
+    table, role = quote(grant.table), quote(grant.role)
+    lines = [f"REVOKE ALL ON {table} FROM {role};"] if grant.revoke_first else []
+    wanted = [p for p in TABLE_PRIVILEGES if p in set(privileges)]
+    if wanted:
+        lines.append(f"GRANT {', '.join(wanted)} ON {table} TO {role};")
     return lines
 
 
@@ -197,6 +212,32 @@ def _existing(cursor: CursorWrapper, tables: Sequence[str]) -> set[str]:
         [list(tables)],
     )
     return {row[0] for row in cursor.fetchall()}
+
+
+def _present(cursor: CursorWrapper, names: dict[str, str]) -> dict[str, str]:
+    """``names`` without the roles that do not exist (the check reports those)."""
+    cursor.execute("SELECT rolname FROM pg_roles WHERE rolname = ANY(%s)",
+                   [sorted(set(names.values()))])
+    present = {row[0] for row in cursor.fetchall()}
+    return {kind: role for kind, role in names.items() if role in present}
+
+
+def _held(
+    cursor: CursorWrapper, tables: Iterable[str], roles: Iterable[str]
+) -> set[tuple[str, str, str]]:
+    """(table, role, privilege) for each effective privilege (own, inherited or PUBLIC's)."""
+    cursor.execute(
+        """
+        SELECT t.tbl, r.rolname, p.priv,
+               has_table_privilege(r.rolname,
+                                   format('%%I.%%I', current_schema(), t.tbl), p.priv)
+          FROM unnest(%s::text[]) AS t(tbl)
+         CROSS JOIN unnest(%s::text[]) AS p(priv)
+          JOIN pg_roles r ON r.rolname = ANY(%s)
+        """,
+        [sorted(set(tables)), list(TABLE_PRIVILEGES), sorted(set(roles))],
+    )
+    return {(t, r, p) for t, r, p, has in cursor.fetchall() if has}
 
 
 def owns_tables(using: str, app_labels: Iterable[str] | None = None) -> bool:
@@ -216,28 +257,54 @@ def owns_tables(using: str, app_labels: Iterable[str] | None = None) -> bool:
 
 
 def apply(using: str, app_labels: Iterable[str] | None = None) -> list[str]:
-    """Apply the matrix on ``using`` (the owner's alias), in one transaction.
+    """Bring the privileges on ``using`` (the owner's alias) to the matrix, in one transaction.
 
-    Tables that do not exist yet are skipped; so are roles that do not exist
-    (the check reports them). Returns the statements run.
+    Only what differs is changed: a (table, role) whose privileges already are
+    the matrix's gets no statement, so running it again runs nothing. A table
+    the matrix governs loses what ``PUBLIC`` was granted on it, and each role
+    gets exactly its privileges there (``REVOKE ALL``, then ``GRANT``); your
+    tables only gain what is missing. Tables that do not exist yet are
+    skipped; so are roles that do not exist (the check reports them). Returns
+    the statements run.
     """
     labels = None if app_labels is None else list(app_labels)
-    names = role_names()
     run: list[str] = []
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
         cursor.execute("SELECT current_schema()")
         schema = cursor.fetchone()[0]
-        cursor.execute("SELECT rolname FROM pg_roles WHERE rolname = ANY(%s)",
-                       [list(names.values())])
-        present = {row[0] for row in cursor.fetchall()}
-        names = {kind: role for kind, role in names.items() if role in present}
+        names = _present(cursor, role_names())
         found = grants(labels, names)
         existing = _existing(cursor, [g.table for g in found])
-        keep = {g.table for g in found} & existing
-        for statement in statements(labels, names, schema):
-            table = re.search(r" ON (?:SCHEMA )?(\S+) ", statement)
-            if " ON SCHEMA " not in statement and table and table.group(1).strip('"') not in keep:
-                continue
+        found = [g for g in found if g.table in existing]
+        if not found:
+            return run
+        cursor.execute(
+            "SELECT r.rolname FROM pg_roles r WHERE r.rolname = ANY(%s)"
+            " AND NOT has_schema_privilege(r.rolname, current_schema(), 'USAGE')",
+            [sorted(set(names.values()))],
+        )
+        todo = []
+        lacking = sorted(row[0] for row in cursor.fetchall())
+        if lacking:
+            todo.append(f"GRANT USAGE ON SCHEMA {quote(schema)} "
+                        f"TO {', '.join(quote(r) for r in lacking)};")
+        exact = sorted({g.table for g in found if g.revoke_first})
+        cursor.execute(
+            "SELECT c.relname FROM pg_class c WHERE c.relname = ANY(%s)"
+            " AND c.relnamespace = current_schema()::regnamespace"
+            " AND EXISTS (SELECT FROM aclexplode(c.relacl) a WHERE a.grantee = 0)",
+            [exact],
+        )
+        public = {row[0] for row in cursor.fetchall()}
+        todo.extend(f"REVOKE ALL ON {quote(table)} FROM PUBLIC;" for table in sorted(public))
+        held = _held(cursor, existing, names.values())
+        for grant in found:
+            has = {p for p in TABLE_PRIVILEGES if (grant.table, grant.role, p) in held}
+            if grant.revoke_first and (has != set(grant.privileges) or grant.table in public):
+                todo.extend(_grant_lines(grant, grant.privileges))
+            elif not grant.revoke_first and set(grant.privileges) - has:
+                todo.extend(_grant_lines(grant, set(grant.privileges) - has))
+        for statement in todo:
             cursor.execute(statement)
             run.append(statement)
     return run
@@ -261,7 +328,7 @@ class Finding:
 
 
 def compare(using: str) -> list[Finding]:
-    """Each role's privileges on each library table, against the matrix.
+    """Each role's privileges on each table the matrix governs, against the matrix.
 
     Effective privileges (``has_table_privilege``: granted to the role, to a
     role it belongs to, or to PUBLIC). Tables not migrated yet and roles that
@@ -274,21 +341,8 @@ def compare(using: str) -> list[Finding]:
         return []
     with connections[using].cursor() as cursor:
         existing = _existing(cursor, [g.table for g in found])
-        cursor.execute(
-            """
-            SELECT t.tbl, r.rolname, p.priv,
-                   has_table_privilege(r.rolname,
-                                       format('%%I.%%I', current_schema(), t.tbl), p.priv)
-              FROM unnest(%s::text[]) AS t(tbl)
-             CROSS JOIN unnest(%s::text[]) AS p(priv)
-              JOIN pg_roles r ON r.rolname = ANY(%s)
-            """,
-            [sorted(existing), list(TABLE_PRIVILEGES), sorted(set(names.values()))],
-        )
-        held = {(t, r, p) for t, r, p, has in cursor.fetchall() if has}
-        cursor.execute("SELECT rolname FROM pg_roles WHERE rolname = ANY(%s)",
-                       [sorted(set(names.values()))])
-        present = {row[0] for row in cursor.fetchall()}
+        held = _held(cursor, existing, names.values())
+        present = set(_present(cursor, names).values())
     findings: list[Finding] = []
     for grant in found:
         if grant.table not in existing or grant.role not in present:
@@ -307,20 +361,23 @@ def grant_after_migrate(
     sender: object, app_config: object = None, using: str = "default", verbosity: int = 1,
     **kwargs: object,
 ) -> None:
-    """``post_migrate``: apply an app's rows of the matrix when migrate ran as their owner.
+    """``post_migrate``: bring an app's rows of the matrix to the database, as their owner.
 
     Connected by ``TenancyConfig.ready()``. Django sends the signal once per
-    app after every ``migrate``; the library's apps get exactly the matrix,
-    your apps what ``GRANT_PROJECT_TABLES`` grants (if on). A migrate run by
-    a role that does not own the tables grants nothing (it could not).
+    app (with models) after every ``migrate``, also when nothing was left to
+    migrate, so a ``migrate`` converges a database that an earlier release or
+    a hand-written grant list set up. The library's apps get exactly the
+    matrix, your apps what ``GRANT_PROJECT_TABLES`` grants (if on), and
+    tenancy's rows (Django's ``django_migrations``) come with every app, as
+    tenancy has no models to be sent the signal for. A migrate run by a role
+    that does not own the tables grants nothing (it could not).
     """
     label = getattr(app_config, "label", None)
-    if label is None or not (label in MATRIX or tenancy_settings.GRANT_PROJECT_TABLES):
+    if label is None or using not in settings.DATABASES:
         return
-    if using not in settings.DATABASES or not grants([label]):
+    labels = ["tenancy", label]
+    if not grants(labels) or not owns_tables(using, labels):
         return
-    if not owns_tables(using, [label]):
-        return
-    run = apply(using, [label])
-    if verbosity >= 2 and run:
-        print(f"  Granted {label}'s privileges ({len(run)} statements, docs/roles.md)")
+    run = apply(using, labels)
+    if verbosity >= 1 and run:
+        print(f"  Applied {len(run)} privilege statement(s) for {label} (docs/roles.md)")

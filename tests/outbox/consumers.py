@@ -1,6 +1,6 @@
 """Consumers the tests run. Their effect is an Order row per message, under RLS.
 
-Each handler writes through the ordinary ORM, as the app role, inside the
+Each handler writes through the ordinary ORM, as the worker role, inside the
 message's tenant context: an Order whose ``note`` is the message id, so the
 tests count effects per message.
 """

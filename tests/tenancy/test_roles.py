@@ -133,4 +133,4 @@ def test_a_table_without_its_policy_is_reported_once_with_a_hint_for_its_owner()
     by_table = {m.msg.split()[1]: m.hint for m in messages}
     assert len(messages) == len(by_table) == 2
     assert by_table["idempotency_keys"] == "Run the library's migrations; never edit their SQL."
-    assert "migration of the app 'testapp'" in by_table["testapp_order"]
+    assert "makemigrations testapp" in by_table["testapp_order"]

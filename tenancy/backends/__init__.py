@@ -1,0 +1,1 @@
+"""Database backends of the tenancy app (see :mod:`tenancy.backends.postgresql`)."""

@@ -1,0 +1,362 @@
+"""The four roles and the database of a deployment, created from a superuser's connection.
+
+``manage.py create_roles`` (docs/commands.md) is a thin layer over
+:func:`provision` and :func:`script`. The names come from the settings: the
+role of each kind is what the grants use (``TENANCY["ROLES"]``, else the
+``USER`` of its alias), the database is the owner alias's ``NAME``.
+
+- Idempotent: what exists as the design requires is left alone, and said so;
+  a role whose attributes differ is altered to them (an app role with
+  ``BYPASSRLS`` would see every tenant); passwords of roles that exist are
+  never changed.
+- No password is ever shown or sent: a new role's password is the alias's
+  ``PASSWORD`` when the settings give one, else the one its libpq password
+  file (the alias's ``OPTIONS["passfile"]``) holds for it, else a new random
+  one written there first (mode 0600). The server gets a SCRAM-SHA-256
+  verifier computed here, as psql's ``\\password`` sends one, so neither
+  the server's logs nor ``--print``'s output hold a password.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import os
+import re
+import secrets
+import stringprep
+import unicodedata
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+from django_idempotency_outbox.errors import ConfigurationError
+from tenancy.privileges import quote, role_names
+
+#: Role attributes each kind must have (pg_roles column -> wanted). The owner
+#: needs CREATEDB for the test database of ``manage.py test`` only.
+REQUIRED: dict[str, dict[str, bool]] = {
+    "owner": {"rolcanlogin": True, "rolcreatedb": True},
+    "app": {"rolcanlogin": True, "rolsuper": False, "rolbypassrls": False,
+            "rolcreatedb": False, "rolcreaterole": False},
+    "worker": {"rolcanlogin": True, "rolsuper": False, "rolbypassrls": False,
+               "rolcreatedb": False, "rolcreaterole": False},
+    "system": {"rolcanlogin": True, "rolsuper": False, "rolbypassrls": True,
+               "rolcreatedb": False, "rolcreaterole": False},
+}
+_KEYWORDS = {
+    "rolcanlogin": ("LOGIN", "NOLOGIN"),
+    "rolsuper": ("SUPERUSER", "NOSUPERUSER"),
+    "rolbypassrls": ("BYPASSRLS", "NOBYPASSRLS"),
+    "rolcreatedb": ("CREATEDB", "NOCREATEDB"),
+    "rolcreaterole": ("CREATEROLE", "NOCREATEROLE"),
+}
+KINDS = ("owner", "app", "worker", "system")
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the settings name: the roles (by kind), their aliases, the database."""
+
+    roles: dict[str, str]
+    aliases: dict[str, str]
+    database: str
+    host: str
+    port: str
+
+
+@dataclass
+class Step:
+    """One thing to do (``sql`` empty: nothing to do), and the line that says it."""
+
+    message: str
+    sql: str = ""
+
+
+@dataclass
+class Plan:
+    steps: list[Step] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def changes(self) -> list[Step]:
+        return [step for step in self.steps if step.sql]
+
+
+def target(owner_alias: str) -> Target:
+    """The roles and database the settings name; ``owner_alias`` logs in as the owner."""
+    from tenancy.conf import tenancy_settings
+
+    if owner_alias not in settings.DATABASES:
+        raise ConfigurationError(
+            f"database alias {owner_alias!r} is not in DATABASES: name the owner's alias "
+            "with --database"
+        )
+    owner = settings.DATABASES[owner_alias]
+    names = role_names()
+    aliases = {
+        "app": tenancy_settings.APP_DATABASE,
+        "worker": tenancy_settings.WORKER_DATABASE,
+        "system": tenancy_settings.SYSTEM_DATABASE,
+        "owner": owner_alias,
+    }
+    roles = {"owner": str(owner.get("USER") or "")}
+    roles.update({kind: names.get(kind, "") for kind in ("app", "worker", "system")})
+    missing = [kind for kind in KINDS if not roles[kind]]
+    if missing:
+        raise ConfigurationError(
+            f"no role named for {', '.join(missing)}: give each alias a USER (tenancy.databases() "
+            "does) or name it in TENANCY[\"ROLES\"]"
+        )
+    if len(set(roles.values())) != len(roles):
+        raise ConfigurationError(f"each kind needs a role of its own, not {roles}")
+    if not owner.get("NAME"):
+        raise ConfigurationError(f"DATABASES[{owner_alias!r}] names no database (NAME)")
+    return Target(roles, aliases, str(owner["NAME"]), str(owner.get("HOST") or ""),
+                  str(owner.get("PORT") or ""))
+
+
+# --- passwords ------------------------------------------------------------------------------
+
+
+def _unescape(field_text: str) -> str:
+    return re.sub(r"\\(.)", r"\1", field_text)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace(":", "\\:")
+
+
+def passfile_password(path: Path, role: str) -> str | None:
+    """The password the libpq password file holds for ``role`` (the first line naming it)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        fields = re.split(r"(?<!\\):", line, maxsplit=4)
+        if len(fields) == 5 and _unescape(fields[3]) == role:
+            return _unescape(fields[4])
+    return None
+
+
+def write_passfile(path: Path, role: str, password: str) -> None:
+    """Append ``*:*:*:role:password`` to the password file, created (or kept) mode 0600."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(descriptor, "a") as sink:
+        if path.stat().st_size and not path.read_text().endswith("\n"):
+            sink.write("\n")
+        sink.write(f"*:*:*:{_escape(role)}:{_escape(password)}\n")
+    os.chmod(path, 0o600)  # libpq ignores a file others can read
+
+
+def alias_passfile(alias: str) -> Path | None:
+    options = settings.DATABASES.get(alias, {}).get("OPTIONS") or {}
+    passfile = options.get("passfile")
+    return Path(passfile) if passfile else None
+
+
+@dataclass(frozen=True)
+class Password:
+    value: str
+    source: str  # where it is kept, for the message: never the password
+
+
+def password_for(kind: str, role: str, alias: str) -> Password:
+    """The password a new role gets: the alias's PASSWORD, its passfile's, or a new one there."""
+    configured = settings.DATABASES.get(alias, {}).get("PASSWORD")
+    if configured:
+        return Password(str(configured), f'DATABASES["{alias}"]["PASSWORD"]')
+    path = alias_passfile(alias)
+    if path is None:
+        raise ConfigurationError(
+            f"no password for the {kind} role {role!r}: set DATABASES[{alias!r}][\"PASSWORD\"] "
+            "or a password file (tenancy.databases(..., passfile=...)) to write one to"
+        )
+    found = passfile_password(path, role)
+    if found is not None:
+        return Password(found, str(path))
+    generated = secrets.token_urlsafe(24)
+    write_passfile(path, role, generated)
+    return Password(generated, f"{path} (new)")
+
+
+def saslprep(password: str) -> bytes:
+    """RFC 4013 SASLprep as PostgreSQL applies it to a SCRAM password.
+
+    ASCII passes unchanged. Otherwise the string is mapped and NFKC-normalized;
+    a prohibited character or a bidirectional mix makes PostgreSQL (and
+    libpq) use the raw bytes instead, and so does this.
+    """
+    raw = password.encode("utf-8")
+    if password.isascii():
+        return raw
+    mapped = "".join(
+        " " if stringprep.in_table_c12(c) else c
+        for c in password if not stringprep.in_table_b1(c)
+    )
+    text = unicodedata.normalize("NFKC", mapped)
+    prohibited: tuple[Callable[[str], bool], ...] = (
+        stringprep.in_table_c12, stringprep.in_table_c21_c22, stringprep.in_table_c3,
+        stringprep.in_table_c4, stringprep.in_table_c5, stringprep.in_table_c6,
+        stringprep.in_table_c7, stringprep.in_table_c8, stringprep.in_table_c9,
+        stringprep.in_table_a1,
+    )
+    if not text or any(check(c) for c in text for check in prohibited):
+        return raw
+    rand_al = [stringprep.in_table_d1(c) for c in text]
+    if any(rand_al):
+        if any(stringprep.in_table_d2(c) for c in text):
+            return raw
+        if not (rand_al[0] and rand_al[-1]):
+            return raw
+    return text.encode("utf-8")
+
+
+def scram_verifier(password: str, *, salt: bytes | None = None, iterations: int = 4096) -> str:
+    """The SCRAM-SHA-256 secret PostgreSQL stores for ``password`` (RFC 5802, RFC 7677)."""
+    salt = salt if salt is not None else os.urandom(16)
+    salted = hashlib.pbkdf2_hmac("sha256", saslprep(password), salt, iterations)
+    client_key = hmac.new(salted, b"Client Key", "sha256").digest()
+    stored_key = hashlib.sha256(client_key).digest()
+    server_key = hmac.new(salted, b"Server Key", "sha256").digest()
+
+    def b64(data: bytes) -> str:
+        return base64.b64encode(data).decode("ascii")
+
+    return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
+
+
+# --- the plan -------------------------------------------------------------------------------
+
+
+def _attributes(kind: str, current: dict[str, bool] | None = None) -> list[str]:
+    """The keywords of ``kind``'s required attributes (only those that differ from ``current``)."""
+    return [
+        _KEYWORDS[column][0 if wanted else 1]
+        for column, wanted in REQUIRED[kind].items()
+        if current is None or current.get(column) != wanted
+    ]
+
+
+def plan(
+    goal: Target,
+    roles: dict[str, dict[str, Any]],
+    members_of_owner: Iterable[str],
+    database_owner: str | None,
+    database_exists: bool,
+    passwords: Callable[[str], Password],
+) -> Plan:
+    """What to do to reach ``goal`` from the catalog state given (empty: a new server)."""
+    result = Plan()
+    members = set(members_of_owner)
+    for kind in KINDS:
+        role = goal.roles[kind]
+        current = roles.get(role)
+        if current is None:
+            password = passwords(kind)
+            keywords = " ".join(_attributes(kind))
+            result.steps.append(Step(
+                f"role {role}: created ({keywords}), its password in {password.source}",
+                f"CREATE ROLE {quote(role)} {keywords} "
+                f"PASSWORD '{scram_verifier(password.value)}';",
+            ))
+            continue
+        differ = _attributes(kind, current)
+        if differ:
+            result.steps.append(Step(
+                f"role {role}: exists; altered to {' '.join(differ)}",
+                f"ALTER ROLE {quote(role)} {' '.join(differ)};",
+            ))
+        else:
+            result.steps.append(Step(f"role {role}: exists, as required"))
+        if kind != "owner" and role in members:
+            result.steps.append(Step(
+                f"role {role}: was a member of the owner {goal.roles['owner']}; no longer",
+                f"REVOKE {quote(goal.roles['owner'])} FROM {quote(role)};",
+            ))
+    owner = goal.roles["owner"]
+    if not database_exists:
+        result.steps.append(Step(
+            f"database {goal.database}: created, owned by {owner}",
+            f"CREATE DATABASE {quote(goal.database)} OWNER {quote(owner)};",
+        ))
+    elif database_owner != owner:
+        result.error = (
+            f"database {goal.database} exists, owned by {database_owner}, not {owner}: if it is "
+            f"this project's, run as a superuser ALTER DATABASE {quote(goal.database)} OWNER TO "
+            f"{quote(owner)};"
+        )
+    else:
+        result.steps.append(Step(f"database {goal.database}: exists, owned by {owner}"))
+    return result
+
+
+def _password_source(goal: Target) -> Callable[[str], Password]:
+    def source(kind: str) -> Password:
+        return password_for(kind, goal.roles[kind], goal.aliases[kind])
+    return source
+
+
+def script(goal: Target) -> tuple[list[str], list[str]]:
+    """``--print``: the statements for a server that has none of it yet, and the notes.
+
+    Passwords are settled (and new ones written) as for :func:`provision`; the
+    statements carry their SCRAM verifiers only.
+    """
+    steps = plan(goal, {}, (), None, False, _password_source(goal)).steps
+    notes = [step.message for step in steps if step.message.startswith("role ")]
+    return [step.sql for step in steps], notes
+
+
+def superuser_connection(goal: Target, url: str | None) -> Any:
+    """A connection (autocommit) as a superuser: ``url``, or libpq's defaults as ``postgres``."""
+    import psycopg
+
+    if url:
+        conn = psycopg.connect(url, autocommit=True)
+    else:
+        conn = psycopg.connect(host=goal.host or None, port=goal.port or None,
+                               user="postgres", dbname="postgres", autocommit=True)
+    row = conn.execute(
+        "SELECT rolname, rolsuper FROM pg_roles WHERE rolname = current_user"
+    ).fetchone()
+    if not row or not row[1]:
+        conn.close()
+        raise ConfigurationError(
+            f"the connection logs in as {row[0] if row else '?'!r}, which is not a superuser: "
+            "creating roles with BYPASSRLS takes one (or run --print's SQL as one)"
+        )
+    return conn
+
+
+def provision(goal: Target, conn: Any) -> Plan:
+    """Look at the server, then create or alter what differs from ``goal``; return the plan run."""
+    wanted = list(goal.roles.values())
+    columns = ", ".join(_KEYWORDS)
+    rows = conn.execute(
+        f"SELECT rolname, {columns} FROM pg_roles WHERE rolname = ANY(%s)", [wanted]
+    ).fetchall()
+    roles = {row[0]: dict(zip(_KEYWORDS, row[1:], strict=True)) for row in rows}
+    members = [row[0] for row in conn.execute(
+        "SELECT u.rolname FROM pg_auth_members m JOIN pg_roles o ON o.oid = m.roleid"
+        " JOIN pg_roles u ON u.oid = m.member WHERE o.rolname = %s",
+        [goal.roles["owner"]],
+    ).fetchall()]
+    database = conn.execute(
+        "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = %s", [goal.database]
+    ).fetchone()
+    result = plan(goal, roles, members, database[0] if database else None,
+                  database is not None, _password_source(goal))
+    if result.error:
+        return result
+    for step in result.changes:
+        conn.execute(step.sql)
+    return result

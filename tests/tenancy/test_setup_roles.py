@@ -1,0 +1,242 @@
+"""``manage.py create_roles``: the four roles and the database, from a superuser's connection.
+
+Against the real server of the suite, with role and database names of each
+test's own (dropped afterwards). The settings are what ``tenancy.databases()``
+writes for them.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import subprocess
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+from django.conf import settings
+from django.core.management import CommandError, call_command
+from django.test import override_settings
+
+from tenancy import databases
+from tenancy.provision import passfile_password, saslprep, scram_verifier
+from tests.helpers import superuser
+
+KINDS = ("owner", "app", "worker", "system")
+
+# create_roles reads settings.DATABASES and opens no connection of Django's: overriding is safe.
+pytestmark = pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+
+
+class Project:
+    """Settings naming roles and a database that do not exist yet."""
+
+    def __init__(self, tmp: Path, **kwargs) -> None:
+        self.name = f"cr{uuid.uuid4().hex[:8]}"
+        self.passfile = tmp / "secrets" / ".pgpass"
+        owner = settings.DATABASES["owner"]
+        url = f"postgres://{owner['HOST']}:{owner['PORT']}/{self.name}"
+        self.databases = databases(url, passfile=self.passfile, **kwargs)
+        self.roles = {kind: f"{self.name}_{kind}" for kind in KINDS}
+        self.superuser_url = (
+            f"host={os.environ['DIO_PGSOCKET']} port={owner['PORT']} user=postgres dbname=postgres"
+        )
+
+    def run(self, *args: str, **options) -> tuple[str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        tenancy = {k: v for k, v in settings.TENANCY.items() if k != "ROLES"}
+        with override_settings(DATABASES=self.databases,
+                               TENANCY={**tenancy, "APP_DATABASE": "default",
+                                        "WORKER_DATABASE": "worker",
+                                        "SYSTEM_DATABASE": "system"}):
+            if "print_only" not in options:
+                options.setdefault("superuser_url", self.superuser_url)
+            call_command("create_roles", *args, stdout=out, stderr=err, **options)
+        return out.getvalue(), err.getvalue()
+
+    def attributes(self) -> dict[str, tuple]:
+        with superuser("postgres") as conn:
+            rows = conn.execute(
+                "SELECT rolname, rolcanlogin, rolsuper, rolbypassrls, rolcreatedb, rolcreaterole,"
+                " rolpassword FROM pg_authid WHERE rolname = ANY(%s)",
+                [list(self.roles.values())],
+            ).fetchall()
+        return {row[0]: row[1:] for row in rows}
+
+    def database_owner(self) -> str | None:
+        with superuser("postgres") as conn:
+            row = conn.execute("SELECT pg_get_userbyid(datdba) FROM pg_database"
+                               " WHERE datname = %s", [self.name]).fetchone()
+        return row[0] if row else None
+
+    def login(self, kind: str, password: str | None = None) -> str:
+        owner = settings.DATABASES["owner"]
+        with psycopg.connect(host=owner["HOST"], port=owner["PORT"], user=self.roles[kind],
+                             dbname=self.name, password=password,
+                             passfile=str(self.passfile)) as conn:
+            return conn.execute("SELECT current_user").fetchone()[0]
+
+    def drop(self) -> None:
+        with superuser("postgres") as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+            for role in self.roles.values():
+                conn.execute(f'DROP ROLE IF EXISTS "{role}"')
+
+
+@pytest.fixture
+def project(tmp_path):
+    made = Project(tmp_path)
+    try:
+        yield made
+    finally:
+        made.drop()
+
+
+def test_it_creates_the_four_roles_as_the_design_requires_and_the_database(project):
+    out, _ = project.run()
+    facts = project.attributes()
+    #          LOGIN  SUPER  BYPASSRLS CREATEDB CREATEROLE
+    assert facts[project.roles["owner"]][:5] == (True, False, False, True, False)
+    assert facts[project.roles["app"]][:5] == (True, False, False, False, False)
+    assert facts[project.roles["worker"]][:5] == (True, False, False, False, False)
+    assert facts[project.roles["system"]][:5] == (True, False, True, False, False)
+    assert project.database_owner() == project.roles["owner"]
+    for kind in KINDS:
+        assert f"role {project.roles[kind]}: created" in out
+        assert project.login(kind) == project.roles[kind]  # its password is in the passfile
+    assert f"database {project.name}: created, owned by {project.roles['owner']}" in out
+    assert stat.S_IMODE(project.passfile.stat().st_mode) == 0o600
+
+
+def test_a_second_run_changes_nothing_and_says_so(project):
+    project.run()
+    before = project.attributes()
+    passfile = project.passfile.read_text()
+    out, _ = project.run()
+    assert project.attributes() == before  # passwords (their verifiers) too
+    assert project.passfile.read_text() == passfile
+    assert out.splitlines() == [
+        *(f"role {project.roles[kind]}: exists, as required" for kind in KINDS),
+        f"database {project.name}: exists, owned by {project.roles['owner']}",
+        "nothing to change",
+    ]
+
+
+def test_no_password_is_ever_shown_or_sent(project):
+    out, err = project.run()
+    printed, notes = project.run(print_only=True)
+    passwords = [passfile_password(project.passfile, role) for role in project.roles.values()]
+    assert all(passwords)
+    for text in (out, err, printed, notes):
+        assert not any(password in text for password in passwords)
+    # The server stores what it was sent: a SCRAM verifier, never the password.
+    for verifier in (v[-1] for v in project.attributes().values()):
+        assert verifier.startswith("SCRAM-SHA-256$4096:")
+
+
+def test_print_shows_the_sql_a_dba_runs_and_the_roles_it_makes_log_in(project):
+    printed, notes = project.run(print_only=True)
+    assert project.attributes() == {}  # nothing ran
+    lines = printed.strip().splitlines()
+    assert [line.split(" PASSWORD ")[0] for line in lines] == [
+        f"CREATE ROLE {project.roles['owner']} LOGIN CREATEDB",
+        f"CREATE ROLE {project.roles['app']} LOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB"
+        " NOCREATEROLE",
+        f"CREATE ROLE {project.roles['worker']} LOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB"
+        " NOCREATEROLE",
+        f"CREATE ROLE {project.roles['system']} LOGIN NOSUPERUSER BYPASSRLS NOCREATEDB"
+        " NOCREATEROLE",
+        f"CREATE DATABASE {project.name} OWNER {project.roles['owner']};",
+    ]
+    assert all(str(project.passfile) in note for note in notes.strip().splitlines())
+    # What a DBA does with it: pipe it into psql as a superuser.
+    owner = settings.DATABASES["owner"]
+    subprocess.run(["psql", "-v", "ON_ERROR_STOP=1", "-q", "-h", os.environ["DIO_PGSOCKET"],
+                    "-p", str(owner["PORT"]), "-U", "postgres", "-d", "postgres"],
+                   input=printed, text=True, check=True, capture_output=True)
+    for kind in KINDS:
+        assert project.login(kind) == project.roles[kind]
+    out, _ = project.run()  # and the command, afterwards, finds everything in place
+    assert out.strip().endswith("nothing to change")
+
+
+def test_a_role_that_differs_from_the_design_is_altered(project):
+    project.run()
+    roles = project.roles
+    with superuser("postgres") as conn:
+        conn.execute(f'ALTER ROLE "{roles["app"]}" BYPASSRLS CREATEROLE')
+        conn.execute(f'ALTER ROLE "{roles["system"]}" NOBYPASSRLS')
+        conn.execute(f'GRANT "{roles["owner"]}" TO "{roles["worker"]}"')
+    out, _ = project.run()
+    assert f"role {roles['app']}: exists; altered to NOBYPASSRLS NOCREATEROLE" in out
+    assert f"role {roles['system']}: exists; altered to BYPASSRLS" in out
+    assert f"role {roles['worker']}: was a member of the owner {roles['owner']}; no longer" in out
+    facts = project.attributes()
+    assert facts[roles["app"]][:5] == (True, False, False, False, False)
+    assert facts[roles["system"]][:5] == (True, False, True, False, False)
+    with superuser("postgres") as conn:
+        member = conn.execute("SELECT pg_has_role(%s, %s, 'MEMBER')",
+                              [roles["worker"], roles["owner"]]).fetchone()[0]
+    assert member is False
+    assert project.run()[0].strip().endswith("nothing to change")
+
+
+def test_a_database_owned_by_another_role_is_reported_not_taken(project):
+    with superuser("postgres") as conn:
+        conn.execute(f'CREATE DATABASE "{project.name}"')
+    with pytest.raises(CommandError, match=rf"database {project.name} exists, owned by postgres,"
+                       rf" not {project.roles['owner']}: .*ALTER DATABASE"):
+        project.run()
+    assert project.database_owner() == "postgres"
+
+
+def test_a_password_from_the_settings_is_used_and_no_file_is_written(tmp_path):
+    project = Project(tmp_path)
+    for alias, entry in project.databases.items():
+        entry["PASSWORD"] = f"from-the-environment-{alias}"
+        entry["OPTIONS"].pop("passfile")
+    try:
+        out, _ = project.run()
+        assert 'its password in DATABASES["default"]["PASSWORD"]' in out
+        assert not project.passfile.exists()
+        assert project.login("app", "from-the-environment-default") == project.roles["app"]
+    finally:
+        project.drop()
+
+
+def test_it_refuses_a_connection_that_is_not_a_superuser(project):
+    owner = settings.DATABASES["owner"]
+    url = (f"host={owner['HOST']} port={owner['PORT']} user={owner['USER']}"
+           f" password={owner['PASSWORD']} dbname=postgres")
+    with pytest.raises(CommandError, match="which is not a superuser"):
+        project.run(superuser_url=url)
+    assert project.attributes() == {}
+
+
+def test_a_password_file_line_is_reused_for_a_role_created_again(project):
+    project.run()
+    first = passfile_password(project.passfile, project.roles["app"])
+    project.drop()
+    project.run()
+    assert passfile_password(project.passfile, project.roles["app"]) == first
+    assert project.passfile.read_text().count(f":{project.roles['app']}:") == 1
+    assert project.login("app") == project.roles["app"]
+
+
+@pytest.mark.parametrize("password", ["plain-ascii-0123", "paß wörd Ⅸ", "\u00adsoft\u00a0space"])
+def test_the_scram_verifier_logs_in_as_libpq_computes_it(password, tmp_path):
+    """SASLprep as PostgreSQL applies it, or a non-ASCII password would not log in."""
+    role = f"cr{uuid.uuid4().hex[:8]}"
+    owner = settings.DATABASES["owner"]
+    with superuser("postgres") as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{scram_verifier(password)}'")
+    try:
+        with psycopg.connect(host=owner["HOST"], port=owner["PORT"], user=role,
+                             password=password, dbname="postgres") as conn:
+            assert conn.execute("SELECT current_user").fetchone()[0] == role
+    finally:
+        with superuser("postgres") as conn:
+            conn.execute(f"DROP ROLE {role}")
+    assert saslprep("\u00adsoft\u00a0space") == b"soft space"
