@@ -247,10 +247,10 @@ CATALOGUE: list[Mutant] = [
         "a consumer batch's handler writes and its offset advance commit in one transaction",
         "outbox/consumers.py",
         "            store.advance_offset(worker, consumer.name, partition, position)\n"
-        "            return BatchResult(handled=done, full=len(messages) == limit)",
+        "            return BatchResult(handled=done, full=not batch.complete)",
         "            transaction.on_commit(lambda: store.advance_offset(\n"
         "                worker, consumer.name, partition, position), using=worker)\n"
-        "            return BatchResult(handled=done, full=len(messages) == limit)",
+        "            return BatchResult(handled=done, full=not batch.complete)",
         (O_CLAIMS, OUTBOX + "test_consumers.py", OUTBOX + "test_ordering.py"),
     ),
     mutant(
@@ -274,8 +274,8 @@ CATALOGUE: list[Mutant] = [
         "no offset advanced past an unhandled message",
         "outbox/consumers.py",
         "        store.advance_offset(worker, consumer.name, partition, position, head_failure)",
-        "        store.advance_offset(worker, consumer.name, partition, message.position,\n"
-        "                             head_failure)",
+        "        store.advance_offset(worker, consumer.name, partition,\n"
+        "                             batch.position_after(offset.position, done + 1), head_failure)",
         (OUTBOX + "test_consumers.py",),
     ),
     mutant(
@@ -289,11 +289,11 @@ CATALOGUE: list[Mutant] = [
         (OUTBOX + "test_consumers.py",),
     ),
     mutant(
-        "consumer.full-batch-jumps-fence", "outbox.consumers",
-        "a reader moves past the fence only when its batch was not full",
-        "outbox/consumers.py",
-        "            if len(messages) < limit and batch.passed > position:",
-        "            if batch.passed > position:",
+        "consumer.full-batch-jumps-fence", "outbox.stream",
+        "a reader moves past what it read only when its batch was not full",
+        "outbox/stream.py",
+        "        if count == len(self.messages) and self.complete:",
+        "        if count == len(self.messages):",
         (O_CLAIMS, OUTBOX + "test_consumers.py", OUTBOX + "test_ordering.py",
          OUTBOX + "test_fence.py"),
     ),
@@ -301,7 +301,7 @@ CATALOGUE: list[Mutant] = [
         "consumer.idle-never-advances", "outbox.consumers",
         "a consumer of a rare topic still moves past what it does not read (retention)",
         "outbox/consumers.py",
-        "            if offset.stale and batch.passed > offset.position:",
+        "            if offset.stale and moved != offset.position:",
         "            if False:",
         (OUTBOX + "test_consumers.py", OUTBOX + "test_retention.py", OUTBOX + "test_fence.py"),
     ),
@@ -321,13 +321,92 @@ CATALOGUE: list[Mutant] = [
         "   FOR UPDATE\n",
         (OUTBOX + "test_consumers.py", OUTBOX + "test_failover.py"),
     ),
+    # --- outbox: the fence per tenant (SQL; the harness migrates the scratch copy) -----------
+    mutant(
+        "fence.open-publisher-passed", "outbox.fence",
+        "no committed message is skipped: a tenant with a publisher in flight is read only up to its bound",
+        "outbox/sql/0008_tenant_fence.sql",
+        "                  WHERE m.id > after AND m.id <= last_handed_out\n"
+        "                    AND (NOT anyone_waiting\n",
+        "                  WHERE m.id > after AND m.id <= last_handed_out\n"
+        "                    AND (TRUE\n",
+        (OUTBOX + "test_ordering.py", OUTBOX + "test_fence.py"),
+    ),
+    mutant(
+        "fence.held-tenant-never-caught-up", "outbox.fence",
+        "a held tenant's messages are read once its publisher has ended",
+        "outbox/sql/0008_tenant_fence.sql",
+        "                           AND m.id > h.upto::bigint AND m.id <= caught_up_to",
+        "                           AND m.id > h.upto::bigint AND m.id <= h.upto::bigint",
+        (OUTBOX + "test_fence.py",),
+    ),
+    mutant(
+        "fence.session-locks-trusted", "outbox.fence",
+        "a lock a session keeps after its transaction holds nothing back",
+        "outbox/sql/0008_tenant_fence.sql",
+        "        SELECT DISTINCT w.virtualtransaction, w.pid FROM locks AS w\n"
+        "         WHERE w.locktype = 'relation' AND w.relation = 'outbox_messages'::regclass",
+        "        SELECT DISTINCT w.virtualtransaction, w.pid FROM locks AS w",
+        (OUTBOX + "test_fence.py",),
+    ),
+    mutant(
+        "fence.marks-block", "outbox.fence",
+        "a key held exclusively by someone else blocks no publisher",
+        "outbox/sql/0008_tenant_fence.sql",
+        "    IF NOT pg_try_advisory_xact_lock_shared(NEW.tenant_id) THEN\n"
+        "        LOCK TABLE outbox_publishing_any_tenant IN ROW EXCLUSIVE MODE;\n"
+        "    END IF;",
+        "    PERFORM pg_advisory_xact_lock_shared(NEW.tenant_id);",
+        (OUTBOX + "test_fence.py",),
+    ),
+    mutant(
+        "fence.any-tenant-ignored", "outbox.fence",
+        "a publisher marked for any tenant holds every tenant back at its bound",
+        "outbox/sql/0008_tenant_fence.sql",
+        "    last_handed_out := least(last_handed_out, (waiting ->> '*')::bigint);",
+        "",
+        (OUTBOX + "test_fence.py",),
+    ),
+    mutant(
+        "fence.forged-setting-trusted", "outbox.fence",
+        "a forged transaction-local setting cannot let a reader pass an open publisher",
+        "outbox/sql/0008_tenant_fence.sql",
+        "    SELECT w.virtualtransaction, w.pid, t.tenant_id, coalesce(b.bound, 0)",
+        "    SELECT w.virtualtransaction, w.pid, t.tenant_id, coalesce(b.bound, 281474976710655)",
+        (OUTBOX + "test_fence.py",),
+    ),
+    mutant(
+        "fence.explicit-id-allowed", "outbox.fence",
+        "an insert that names its own id is refused",
+        "outbox/sql/0008_tenant_fence.sql",
+        "    IF NEW.id IS NOT NULL THEN\n        RAISE EXCEPTION",
+        "    IF NEW.id IS NOT NULL THEN\n        RETURN NEW;\n        RAISE EXCEPTION",
+        (OUTBOX + "test_fence.py",),
+    ),
+    mutant(
+        "fence.tenant-from-setting", "outbox.fence",
+        "a message's mark names the row's own tenant, whatever the session's setting says",
+        "outbox/sql/0008_tenant_fence.sql",
+        "    IF NOT pg_try_advisory_xact_lock_shared(NEW.tenant_id) THEN",
+        "    IF NOT pg_try_advisory_xact_lock_shared(coalesce(nullif(current_setting("
+        "'app.tenant_id', true), '')::bigint, 0)) THEN",
+        (OUTBOX + "test_fence.py",),
+    ),
+    mutant(
+        "retention.held-tenant-deleted", "outbox.retention",
+        "retention never deletes a message a reader has not passed (a held tenant's included)",
+        "outbox/retention.py",
+        "    return min(r.position.floor for r in readers)",
+        "    return min(r.position.last for r in readers)",
+        (OUTBOX + "test_retention.py",),
+    ),
     # --- outbox: the stream reader -----------------------------------------------------------
     mutant(
-        "reader.passed-at-fence", "outbox.stream",
-        "nothing below the fence can still appear; the fence itself may",
+        "reader.held-tenant-passed", "outbox.stream",
+        "a reader passes a tenant with a publisher in flight only up to that publisher's bound",
         "outbox/stream.py",
-        "        return self.fence - 1",
-        "        return self.fence",
+        "            upto = reach if bound is None else min(reach, bound)",
+        "            upto = reach",
         (OUTBOX + "test_fence.py", OUTBOX + "test_consumers.py", OUTBOX + "test_ordering.py"),
     ),
     mutant(
@@ -392,8 +471,9 @@ CATALOGUE: list[Mutant] = [
         "relay.advance-without-cas", "outbox.relay",
         "a relay that lost its lease cannot move the offset (compare-and-set)",
         "outbox/store.py",
-        " WHERE name = %s AND partition = 0 AND last_id = %s AND lease_owner = %s",
-        " WHERE name = %s AND partition = 0 AND (last_id = %s OR TRUE) AND (lease_owner = %s OR TRUE)",
+        " WHERE name = %s AND partition = 0 AND last_id = %s AND held = %s::jsonb AND lease_owner = %s",
+        " WHERE name = %s AND partition = 0 AND (last_id = %s OR TRUE) AND (held = %s::jsonb OR TRUE)"
+        " AND (lease_owner = %s OR TRUE)",
         (OUTBOX + "test_rewind.py", OUTBOX + "test_failover.py", OUTBOX + "test_relay.py"),
     ),
     mutant(

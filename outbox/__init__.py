@@ -28,6 +28,7 @@ __all__ = [
     "Transport",
     "__version__",
     "health_view",
+    "observe",
     "publish",
     "receive",
     "receiver",
@@ -48,6 +49,7 @@ __getattr__ = lazy_exports(
         "ReceiverTask": "outbox.celery",
         "Relay": "outbox.relay",
         "status": "outbox.status",
+        "observe": "outbox.status",
         "Transport": "outbox.transports",
         "InMemoryTransport": "outbox.testing",
         "relay_pending": "outbox.testing",
@@ -66,7 +68,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
     from outbox.publishing import publish
     from outbox.receivers import receive, receiver
     from outbox.relay import Relay
-    from outbox.status import status
+    from outbox.status import observe, status
     from outbox.stream import Message
     from outbox.testing import InMemoryTransport, relay_pending
     from outbox.transports import Transport

@@ -255,8 +255,8 @@ def _run_batch(consumer: Consumer, partition: int, worker: str, system: str) -> 
             with tenant_context(messages[0].tenant_id, using=worker):
                 store.clear_failure(worker, consumer.name, partition)
         if failure is None:
-            store.advance_offset(worker, consumer.name, partition, batch.position_after(
-                offset.position))
+            position = batch.position_after(offset.position)
+            store.advance_offset(worker, consumer.name, partition, position)
             return BatchResult(handled=done, full=not batch.complete)
 
         message, exc = failure
@@ -284,8 +284,8 @@ def _run_batch(consumer: Consumer, partition: int, worker: str, system: str) -> 
         head_failure = HeadFailure(attempts, delay, error[-4000:])
         with tenant_context(message.tenant_id, using=worker):
             store.record_failure(worker, consumer.name, partition, message, head_failure)
-        store.advance_offset(worker, consumer.name, partition,
-                             batch.position_after(offset.position, done), head_failure)
+        position = batch.position_after(offset.position, done)  # up to the failing message
+        store.advance_offset(worker, consumer.name, partition, position, head_failure)
         return BatchResult(handled=done, failed=True)
 
 

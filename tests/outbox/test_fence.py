@@ -415,6 +415,22 @@ def test_a_key_held_exclusively_by_someone_else_blocks_no_publisher_and_passes_n
     assert readable(Position(last)) == [own_id, uuid.UUID(later_a), uuid.UUID(later_b)]
 
 
+def test_a_row_marks_its_own_tenant_whatever_the_sessions_setting_says():
+    """A role RLS does not confine (the owner, a maintenance script) may write a tenant's row
+    with another tenant, or none, set: the mark still names the row's tenant."""
+    last = message_position(publish_as(A, "t", {}))
+    with observer() as writer:
+        writer.execute("BEGIN")
+        writer.execute("SELECT set_config('app.tenant_id', %s, true)", [str(A)])
+        writer.execute("INSERT INTO outbox_messages (tenant_id, message_id, topic, payload)"
+                       " VALUES (%s, gen_random_uuid(), 't', '{}')", [B])
+        assert [(t, b < last + 1) for _, t, b in marks()] == [(B, True)]
+        later_b = published_elsewhere(B, "later")
+        assert uuid.UUID(later_b) not in readable(Position(last))
+        writer.execute("COMMIT")
+    assert uuid.UUID(later_b) in readable(Position(last))
+
+
 def test_a_foreign_lock_in_a_publishing_transaction_can_only_hold_back_more():
     """Someone else's advisory lock that looks like a mark, taken inside a transaction that
     published, holds more back while that transaction is open; it never lets a message by."""

@@ -180,3 +180,86 @@ def test_the_migration_waits_for_a_publisher_in_flight(old_outbox):
     assert results[0].returncode == 0, results[0].stderr[-3000:]
     assert positions(old_outbox)["caught-up"] == (6, 0)  # message 7 is still to come
     assert late == [(8, 1)]  # from the new sequence, under the publisher's lock
+
+
+# -- migration 0008: the fence per tenant ----------------------------------------------
+
+OLD_INSERT = ("INSERT INTO outbox_messages (tenant_id, message_id, topic, payload)"
+              " VALUES (%s, gen_random_uuid(), 't', '{}') RETURNING id")
+
+
+@pytest.fixture
+def outbox_at_0007() -> Iterator[str]:
+    """A database at the outbox's 0007 (the release before the fence per tenant), with
+    three messages published by that release's code and a reader that passed them."""
+    name = f"{settings.DATABASES['default']['NAME']}_fence_upgrade"
+    with psycopg.connect(owner_dsn("postgres"), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    result = migrate(name, "0007")
+    assert result.returncode == 0, result.stderr[-3000:]
+    with superuser(name) as conn:
+        for tenant in (A, B, A):
+            conn.execute(OLD_INSERT, [tenant])
+        conn.execute("INSERT INTO consumer_offsets (name, partition, partition_count, last_id)"
+                     " VALUES ('caught-up', 0, 1, 3)")
+    yield name
+    with psycopg.connect(owner_dsn("postgres"), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def read_v2(database: str, last_id: int, held: str = "{}") -> list[int]:
+    with superuser(database) as conn:
+        rows = conn.execute("SELECT (message).id FROM outbox_read_v2(%s, %s::jsonb, 10, NULL, 0, 1)"
+                            " WHERE (message).id IS NOT NULL", [last_id, held]).fetchall()
+    return [row[0] for row in rows]
+
+
+def test_0008_waits_for_a_publisher_of_the_previous_release_and_skips_nothing(outbox_at_0007):
+    """A message of the previous release's code, uncommitted while the migration waits, is
+    read by the caught-up reader afterwards; the same code keeps publishing, now marked
+    by the trigger; the previous release's readers are refused."""
+    with superuser(outbox_at_0007) as publisher:
+        publisher.execute("BEGIN")
+        [(in_flight,)] = publisher.execute(OLD_INSERT, [B]).fetchall()  # id 4, the old default
+        results: list[subprocess.CompletedProcess[str]] = []
+        migration = threading.Thread(target=lambda: results.append(migrate(outbox_at_0007)))
+        migration.start()
+        try:
+            def waiting() -> bool:
+                with superuser(outbox_at_0007) as conn:
+                    return conn.execute(
+                        "SELECT count(*) FROM pg_locks WHERE NOT granted"
+                        " AND relation = 'outbox_messages'::regclass").fetchone()[0] >= 1
+
+            wait_for(waiting, "the migration to wait for the publisher")
+            publisher.execute("COMMIT")
+        finally:
+            migration.join()
+    assert results[0].returncode == 0, results[0].stderr[-3000:]
+    assert read_v2(outbox_at_0007, 3) == [in_flight]
+    with superuser(outbox_at_0007) as conn:
+        conn.execute("BEGIN")
+        [(later,)] = conn.execute(OLD_INSERT, [A]).fetchall()  # the previous release's INSERT
+        assert later == in_flight + 1
+        assert conn.execute("SELECT tenant_id FROM outbox_publishers_v2()").fetchall() == [(A,)]
+        conn.execute("COMMIT")
+        assert conn.execute("SELECT held FROM consumer_offsets").fetchone()[0] == {}
+        for statement in ("SELECT * FROM outbox_read(3, 10, NULL, 0, 1)", "SELECT outbox_fence()"):
+            with pytest.raises(psycopg.errors.RaiseException, match="earlier release"):
+                conn.execute(statement)
+            conn.rollback()
+
+
+def test_0008_undone_moves_a_held_position_back_to_its_lowest_tenant(outbox_at_0007):
+    assert migrate(outbox_at_0007).returncode == 0
+    with superuser(outbox_at_0007) as conn:
+        conn.execute("UPDATE consumer_offsets SET last_id = 3, held = '{\"2\": 1}'")
+    result = migrate(outbox_at_0007, "0007")
+    assert result.returncode == 0, result.stderr[-3000:]
+    with superuser(outbox_at_0007) as conn:
+        assert conn.execute("SELECT last_id FROM consumer_offsets").fetchone()[0] == 1
+        assert conn.execute("SELECT (message).id FROM outbox_read(1, 10, NULL, 0, 1)"
+                            " WHERE (message).id IS NOT NULL").fetchall() == [(2,), (3,)]
+        [(id_,)] = conn.execute(OLD_INSERT, [A]).fetchall()
+        assert id_ == 4  # from the default again

@@ -42,6 +42,29 @@ def test_retention_never_deletes_a_message_a_consumer_has_not_passed(only_orders
     assert effects()[str(pending[0])] == 1 and len(handled) == 2
 
 
+def test_retention_never_deletes_a_held_tenants_message_the_reader_went_past(only_orders):
+    """A reader passes other tenants while a publisher of tenant A is open: A's messages
+    behind its position are not passed yet, and retention keeps them."""
+    from tests.helpers import connect
+    from tests.outbox.helpers import raw_publish
+
+    B = 2
+    with connect() as slow:
+        slow.execute("BEGIN")
+        raw_publish(slow, A, "order.placed", {"sku": "open"})
+        waiting = publish_many(A, "order.placed", [{"sku": "waiting"}])  # committed, held back
+        others = publish_many(B, "order.placed", [{"sku": "b1"}, {"sku": "b2"}])
+        drain(OrderRecorder(), until=lambda: len(effects()) == 2)  # B's, past A's
+        age_everything()
+        result = reap()
+        with observer() as conn:
+            left = {r[0] for r in conn.execute("SELECT message_id FROM outbox_messages")}
+        assert set(waiting) <= left and result.messages < len(others) + 1
+        slow.execute("COMMIT")
+    drain(OrderRecorder(), until=lambda: len(effects()) == 4)
+    assert effects()[str(waiting[0])] == 1
+
+
 def test_retention_keeps_passed_messages_inside_the_window(only_orders):
     publish_many(A, "order.placed", [{"sku": "a"}])
     drain(OrderRecorder(), until=lambda: len(effects()) == 1)
