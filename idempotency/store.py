@@ -34,7 +34,7 @@ from django.db.models.functions import Coalesce, Now
 
 from idempotency.models import IdempotencyKey
 from tenancy.conf import tenancy_settings
-from tenancy.context import set_tenant_sql
+from tenancy.context import search_path_sql, set_tenant_sql
 
 if TYPE_CHECKING:
     from idempotency.core import IdempotentRequest, StoredResponse
@@ -263,13 +263,16 @@ def lookup(alias: str, request: IdempotentRequest, *, lock: bool = False) -> Key
 def peek(alias: str, request: IdempotentRequest) -> KeyLookup | None:
     """The key's row, read in autocommit in one round trip; None if this connection cannot.
 
-    The tenant's ``SET LOCAL`` and the lookup go in one message, which
-    PostgreSQL runs as one implicit transaction: row-level security applies
-    (the tenant is set for that transaction only), nothing is locked, and
-    nothing is left set afterwards. A replay needs nothing more: no BEGIN,
-    no COMMIT. Only outside a transaction (in one, the ``SET LOCAL`` would
-    outlive the lookup) and on a cursor that binds on the client (the only
-    kind that sends several statements in one message); otherwise None, and
+    The tenant's ``SET LOCAL``, the pinned search_path's
+    (:func:`tenancy.context.search_path_sql`: the key is read from the
+    library's table, never from a temporary table of the same name) and the
+    lookup go in one message, which PostgreSQL runs as one implicit
+    transaction: row-level security applies (the tenant is set for that
+    transaction only), nothing is locked, and nothing is left set afterwards.
+    A replay needs nothing more: no BEGIN, no COMMIT. Only outside a
+    transaction (in one, the ``SET LOCAL`` would outlive the lookup) and on a
+    cursor that binds on the client (the only kind that sends several
+    statements in one message); otherwise None, and
     the caller looks the key up in its transaction. None too in the verified
     tenant context: its token is bound to a transaction's start, which a
     message cannot know before it runs.
@@ -282,8 +285,11 @@ def peek(alias: str, request: IdempotentRequest) -> KeyLookup | None:
     with connection.cursor() as cursor:
         if not isinstance(cursor.cursor, psycopg.ClientCursor):
             return None
-        cursor.execute(f"{set_tenant_sql(request.tenant_id)}; {_LOOKUP_ONLY}", _key(request))
-        cursor.nextset()  # past the SET LOCAL, to the lookup's row
+        pin = search_path_sql(alias).replace("%", "%%")
+        cursor.execute(f"{set_tenant_sql(request.tenant_id)}; {pin}; {_LOOKUP_ONLY}",
+                       _key(request))
+        cursor.nextset()  # past the two SET LOCALs, to the lookup's row
+        cursor.nextset()
         live, locked, leased, token, fingerprint, state, status, body, headers = cursor.fetchone()
     return KeyLookup(live, locked, leased, token, fingerprint, state, status, body, _json(headers))
 

@@ -37,6 +37,7 @@ from django.db.models import Count, F, Q
 from django.db.models.functions import Now
 
 from outbox.stream import ENVELOPE_KEYS, Batch, Envelope, Message, Position
+from tenancy.context import execute_pinned
 
 # The models are imported by the functions that use them: publish() and
 # receive() import this module, and may be imported before Django's app
@@ -478,7 +479,10 @@ def lock_offset(
         watch = _WATCH_CLIENT
         params += [str(max(1, seconds - 1)), str(seconds * 1000)]
     with connections[using].cursor() as cursor:
-        cursor.execute(_LOCK_OFFSET.format(watch=watch), [*params, name, partition])
+        # The batch's first statement: its names pinned for the whole batch,
+        # so the row locked is the offset row, never a temporary table's.
+        execute_pinned(cursor, using, _LOCK_OFFSET.format(watch=watch),
+                       [*params, name, partition])
         row = cursor.fetchone()
     if row is None:
         return None

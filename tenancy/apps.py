@@ -6,9 +6,11 @@ class TenancyConfig(AppConfig):
     verbose_name = "Tenancy"
 
     def ready(self) -> None:
+        from django.db.backends.signals import connection_created
         from django.db.models.signals import post_migrate
 
         from tenancy import checks
+        from tenancy.context import pin_search_path
         from tenancy.policies import declare_policies, install_autodetector
         from tenancy.privileges import grant_after_migrate
 
@@ -16,6 +18,7 @@ class TenancyConfig(AppConfig):
         declare_policies()
         install_autodetector()
         post_migrate.connect(grant_after_migrate, dispatch_uid="tenancy.grant_after_migrate")
+        connection_created.connect(pin_search_path, dispatch_uid="tenancy.pin_search_path")
         register_schema_extension()
 
 

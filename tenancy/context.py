@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 from django.db import connections, transaction
 
+from django_idempotency_outbox.errors import ConfigurationError
 from tenancy.aliases import tenant_alias
 from tenancy.conf import ContextKey, tenancy_settings
 
@@ -69,6 +70,113 @@ def set_tenant_sql(tenant_id: int | None) -> str:
     """
     value = "" if tenant_id is None else str(validate_tenant_id(tenant_id))
     return f"SET LOCAL {GUC} = '{value}'"
+
+
+#: Per (alias, database, role): the statement that pins the search_path of
+#: the library's tenant transactions (see :func:`search_path_sql`).
+_pins: dict[tuple[str, str, str], str] = {}
+
+#: The schemas of the search_path the session started with, whatever it has
+#: been SET to since (a session-level SET left by an earlier borrower of a
+#: pooled server session): ``TO DEFAULT`` is the value the session started
+#: with (the server's, the database's or the role's default, the startup
+#: packet's), for this message's implicit transaction only. Every name is
+#: pg_catalog's, qualified, so that the session's own search_path cannot
+#: redirect this query either.
+_DEFAULT_SCHEMAS = (
+    b"SET LOCAL search_path TO DEFAULT; "
+    b"SELECT s FROM pg_catalog.unnest(pg_catalog.current_schemas(false)) AS s"
+)
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def search_path_sql(using: str) -> str:
+    """The statement that pins a transaction's names to the migrations' schema.
+
+    ``SET LOCAL search_path = "public", pg_temp`` (for the usual default):
+    the schemas of the search_path that sessions of ``using`` start with,
+    those that exist, in order, with ``pg_temp`` named explicitly and last.
+    Unnamed, ``pg_temp`` is searched *first* for tables: a temporary table
+    called ``idempotency_keys``, left in a pooled server session by an
+    earlier borrower (or an earlier request on a persistent connection),
+    would take the place of the library's table for every later borrower.
+    Named last, it is reached only for names that no schema before it has
+    (pg_catalog stays first, as it is when unnamed; functions and operators
+    are never looked up in ``pg_temp``). A session-level ``SET search_path``
+    left behind does not matter either: the statement is transaction-local
+    and names its schemas itself.
+
+    Derived once per alias (database and role) and process, from what the
+    session started with, never from what it may have been set to since
+    (:data:`_DEFAULT_SCHEMAS`); :func:`tenant_context` sends it with the
+    tenant, :func:`idempotency.store.peek` with its lookup, and a consumer's
+    batch with the lock of its offset row: no extra round trip.
+
+    Raises:
+        ConfigurationError: the default search_path names no schema that exists.
+    """
+    connection = connections[using]
+    key = (using, str(connection.settings_dict.get("NAME")),
+           str(connection.settings_dict.get("USER")))
+    pin = _pins.get(key)
+    if pin is None:
+        schemas = [s for s in _default_schemas(connection)
+                   if s != "pg_catalog" and not s.startswith(("pg_temp_", "pg_toast_temp_"))]
+        if not schemas:
+            raise ConfigurationError(
+                f"The default search_path of database alias {using!r} names no schema that "
+                "exists: the library's tables cannot be found (docs/roles.md)."
+            )
+        pin = _pins[key] = (
+            f"SET LOCAL search_path = {', '.join(_quote(s) for s in schemas)}, pg_temp"
+        )
+    return pin
+
+
+def execute_pinned(cursor: Any, using: str, sql: str, params: Any = None) -> None:
+    """Run ``sql`` on a Django cursor of ``using`` after :func:`search_path_sql`.
+
+    For a transaction's first statement outside :func:`tenant_context` (a
+    consumer batch's lock of its offset row). One message on a cursor that
+    binds on the client (Django's default), and the cursor is left on
+    ``sql``'s result; two where the server binds (no multi-statement query).
+    """
+    pin = search_path_sql(using)
+    if isinstance(cursor.cursor, psycopg.ClientCursor):
+        escaped = pin if params is None else pin.replace("%", "%%")
+        cursor.execute(f"{escaped}; {sql}", params)
+        cursor.nextset()
+    else:
+        cursor.execute(pin)
+        cursor.execute(sql, params)
+
+
+def _default_schemas(connection: Any) -> list[str]:
+    connection.ensure_connection()
+    raw = connection.connection
+    with connection.wrap_database_errors, raw.lock:
+        result = raw.pgconn.exec_(_DEFAULT_SCHEMAS)
+        if result.status != psycopg.pq.ExecStatus.TUPLES_OK:
+            raise psycopg.errors.error_from_result(result, encoding=raw.info.encoding)
+    values = (result.get_value(row, 0) for row in range(result.ntuples))
+    return [value.decode(raw.info.encoding) for value in values if value is not None]
+
+
+def pin_search_path(sender: Any = None, connection: Any = None, **kwargs: Any) -> None:
+    """``connection_created``: derive the pinned search_path of the app and worker aliases.
+
+    Connected by ``TenancyConfig.ready()``, so that the one query it costs
+    runs as a connection opens, in autocommit, not in the middle of the first
+    request's transaction. Other aliases derive theirs on first use.
+    """
+    if connection is None:
+        return
+    aliases = {tenancy_settings.APP_DATABASE, tenancy_settings.WORKER_DATABASE}
+    if connection.alias in aliases:
+        search_path_sql(connection.alias)
 
 
 #: Per connection wrapper: what the tokens of its open contexts are bound to
@@ -136,10 +244,13 @@ def read_binding(connection: Any) -> str:
 
 
 def _set(connection: Any, tenant_id: int | None, *, fresh: bool = False) -> None:
+    # The first context of a transaction pins its names too (search_path_sql),
+    # in the same message: contexts inside it find the path pinned already.
+    pin = f"; {search_path_sql(connection.alias)}" if fresh else ""
     key = tenancy_settings.VERIFIED_CONTEXT
     if key is None:
         with connection.cursor() as cursor:
-            cursor.execute(set_tenant_sql(tenant_id))
+            cursor.execute(set_tenant_sql(tenant_id) + pin)
         return
     value = "" if tenant_id is None else str(validate_tenant_id(tenant_id))
     # The verified mode: the token, bound to this transaction, is what the
@@ -149,7 +260,7 @@ def _set(connection: Any, tenant_id: int | None, *, fresh: bool = False) -> None
         _bindings[connection] = read_binding(connection)
     token = "" if tenant_id is None else mint_token(key, tenant_id, _bindings[connection])
     with connection.cursor() as cursor:
-        cursor.execute(f"SET LOCAL {GUC} = '{value}'; SET LOCAL {TOKEN_GUC} = '{token}'")
+        cursor.execute(f"SET LOCAL {GUC} = '{value}'; SET LOCAL {TOKEN_GUC} = '{token}'{pin}")
 
 
 @contextmanager

@@ -47,6 +47,7 @@ from psycopg import pq
 from idempotency import core, store
 from tenancy import current_tenant_id, tenant_context
 from tenancy.aliases import app_alias
+from tenancy.context import search_path_sql
 from tests.helpers import app_atomic, app_connection, as_tenant, connect, count_rows, observer
 from tests.testapp.models import Order
 
@@ -157,8 +158,9 @@ def test_atomic_and_tenant_context_send_exactly_the_statements_coalesce_holds():
     with app_connection().execute_wrapper(capture), tenant_context(1), app_atomic():
         pass
     statements = [sql for sql, _, _ in calls]
-    assert [s.split('"')[0] for s in statements] == [
-        "SET LOCAL app.tenant_id = '1'", "SAVEPOINT ", "RELEASE SAVEPOINT "
+    assert statements[0] == f"SET LOCAL app.tenant_id = '1'; {search_path_sql(app_alias())}"
+    assert [s.split('"')[0] for s in statements[1:]] == [
+        "SAVEPOINT ", "RELEASE SAVEPOINT "
     ], statements
     assert all(s.startswith(HELD) for s in statements)
     assert all(params is None and not many for _, params, many in calls), calls
@@ -185,9 +187,10 @@ def test_a_new_key_is_a_read_a_claim_and_a_store():
     assert not [s for s in sent if alone(s)], f"a held statement went out alone: {sent}"
     assert "BEGIN" not in sent, f"psycopg sent its BEGIN as a round trip of its own: {sent}"
     peek, claim, order, store = sent  # and no COMMIT of its own after the store
-    assert peek.startswith("SET LOCAL app.tenant_id = '1'; "), peek
+    assert peek.startswith(f"SET LOCAL app.tenant_id = '1'; {search_path_sql(app_alias())}; ")
     assert "LEFT JOIN idempotency_keys" in peek and "pg_try_advisory_xact_lock" not in peek
-    assert claim.startswith("BEGIN; SET LOCAL app.tenant_id = '1'; SAVEPOINT "), claim
+    pinned = f"BEGIN; SET LOCAL app.tenant_id = '1'; {search_path_sql(app_alias())}; SAVEPOINT "
+    assert claim.startswith(pinned), claim
     assert "LEFT JOIN idempotency_keys" in claim and "pg_try_advisory_xact_lock" in claim
     assert order.startswith('INSERT INTO "testapp_order"'), order
     assert store.startswith("RELEASE SAVEPOINT "), store

@@ -13,6 +13,8 @@ from django.test import Client as DjangoClient
 from rest_framework.test import APIClient
 
 from tenancy import tenant_context
+from tenancy.aliases import app_alias
+from tenancy.context import search_path_sql
 from tests.helpers import count_rows, statements
 from tests.testapp.models import Order
 
@@ -151,7 +153,8 @@ def test_a_post_through_the_idempotent_mixin_sets_the_tenant_once(api):
     # transaction with its own SET LOCAL (idempotency.store.peek); the key's
     # transaction sets the tenant once.
     assert read.startswith("SET LOCAL app.tenant_id = '1'; ") and "idempotency_keys" in read
-    assert claim == "SET LOCAL app.tenant_id = '1'"
+    # ...with its names pinned (tenancy.context.search_path_sql), in the same statement.
+    assert claim == f"SET LOCAL app.tenant_id = '1'; {search_path_sql(app_alias())}"
     # One savepoint, the handler's: no tenant_context of the view around the key's transaction.
     assert len([s for s in sent if s.startswith("SAVEPOINT")]) == 1
     assert count_rows("testapp_order", "tenant_id = 1") == 1

@@ -1,0 +1,162 @@
+"""A private pgbouncer whose pools hold one server session each, and aliases routed through it.
+
+Behind a transaction pooler, the next borrower of a server session may be
+another tenant's request. With ``pool_size = 1`` every client of a role
+borrows the *same* server session, so a test can leave something in it as
+one borrower and watch what the next one (the library's own flows) makes of
+it. ``make test`` and ``make test-pooled`` both run these tests;
+``scripts/services`` installs pgbouncer (Debian's package) with PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from django.conf import settings
+from django.db import connections
+
+PGBOUNCER = "/usr/sbin/pgbouncer"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Pooler:
+    """A running private pgbouncer: transaction pooling, one server session per pool."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+
+    def connect(self, alias: str = "default", **kwargs: Any) -> psycopg.Connection:
+        """A client of the pooler as the role of ``alias`` (autocommit unless told)."""
+        db = settings.DATABASES[alias]
+        return psycopg.connect(
+            host="127.0.0.1", port=self.port, user=db["USER"], password=db["PASSWORD"],
+            dbname=db["NAME"], prepare_threshold=None, **{"autocommit": True, **kwargs},
+        )
+
+    def leave(self, alias: str, *sql: str) -> None:
+        """Run ``sql`` as one borrower of ``alias``'s server session, then hang up.
+
+        What the statements leave in the session stays there for the next
+        borrower: in transaction mode pgbouncer resets nothing.
+        """
+        with self.connect(alias) as conn:
+            for statement in sql:
+                conn.execute(statement)
+
+    @contextlib.contextmanager
+    def routed(self, *aliases: str) -> Iterator[None]:
+        """Django's ``aliases`` connect through this pooler while the block runs.
+
+        With the options docs/scaling.md asks of a pooled alias, and persistent
+        client connections, as deployed.
+        """
+        saved = {}
+        for alias in aliases:
+            connection = connections[alias]
+            connection.close()
+            saved[alias] = dict(connection.settings_dict)
+            connection.settings_dict.update(
+                HOST="127.0.0.1", PORT=str(self.port), CONN_MAX_AGE=None,
+                CONN_HEALTH_CHECKS=True, DISABLE_SERVER_SIDE_CURSORS=True,
+                OPTIONS={**connection.settings_dict.get("OPTIONS", {}), "prepare_threshold": None},
+            )
+        try:
+            yield
+        finally:
+            for alias, values in saved.items():
+                connection = connections[alias]
+                connection.close()
+                connection.settings_dict.clear()
+                connection.settings_dict.update(values)
+
+
+@contextlib.contextmanager
+def pool_of_one() -> Iterator[Pooler]:
+    """Start a pgbouncer (``pool_size = 1``, transaction mode) in front of the test cluster.
+
+    Its files live in a directory of its own under /var/tmp (as root it runs
+    as the ``postgres`` account, which must reach them); the process is
+    stopped by its id at the end, and the directory removed.
+    """
+    if not os.access(PGBOUNCER, os.X_OK):
+        raise RuntimeError(
+            f"{PGBOUNCER} is missing: as root, run 'apt-get install -y pgbouncer' (Debian's "
+            "package; scripts/services installs it when it runs as root)"
+        )
+    root = os.geteuid() == 0
+    workdir = Path(tempfile.mkdtemp(prefix="dio-pool-of-one.", dir="/var/tmp"))
+    port = _free_port()
+    roles = {db["USER"]: db["PASSWORD"] for db in settings.DATABASES.values()}
+    (workdir / "userlist.txt").write_text(
+        "".join(f'"{user}" "{password}"\n' for user, password in sorted(roles.items()))
+    )
+    db = settings.DATABASES["owner"]
+    (workdir / "pgbouncer.ini").write_text(f"""\
+[databases]
+* = host={db["HOST"]} port={db["PORT"]} pool_size=1
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = {port}
+unix_socket_dir =
+auth_type = scram-sha-256
+auth_file = {workdir}/userlist.txt
+pool_mode = transaction
+default_pool_size = 1
+max_client_conn = 100
+server_login_retry = 1
+log_connections = 0
+log_disconnections = 0
+logfile = {workdir}/pgbouncer.log
+""")
+    if root:
+        shutil.chown(workdir, "postgres")
+        for name in ("userlist.txt", "pgbouncer.ini"):
+            shutil.chown(workdir / name, "postgres")
+    os.chmod(workdir / "userlist.txt", 0o600)
+    # As root, as the postgres account (pgbouncer refuses to run as root),
+    # still this process's child: it is stopped by its own id.
+    account: dict[str, Any] = (
+        {"user": "postgres", "group": "postgres", "extra_groups": []} if root else {}
+    )
+    process = subprocess.Popen([PGBOUNCER, str(workdir / "pgbouncer.ini")], cwd="/",
+                               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, **account)
+    pooler = Pooler(port)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                pooler.connect().close()
+                break
+            except psycopg.OperationalError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    log = (workdir / "pgbouncer.log")
+                    raise RuntimeError(
+                        "the private pgbouncer did not start: "
+                        + (log.read_text()[-2000:] if log.exists() else "no log")
+                    ) from None
+                time.sleep(0.05)
+        yield pooler
+    finally:
+        process.terminate()  # SIGTERM: pgbouncer shuts down at once
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        shutil.rmtree(workdir, ignore_errors=True)
