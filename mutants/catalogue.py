@@ -703,6 +703,22 @@ CATALOGUE: list[Mutant] = [
         (TENANCY + "test_setup_databases.py",),
     ),
     mutant(
+        "backend.own-test-signature", "tenancy.backends.postgresql",
+        "the four aliases get one test database, created and dropped once (never the real one)",
+        "tenancy/backends/postgresql/base.py",
+        "        if owner is None:\n            return tuple(super().test_db_signature())",
+        "        if owner is None or True:\n            return tuple(super().test_db_signature())",
+        ("tests/test_getting_started.py::test_the_getting_started_page_works_as_written_and_past_it",),
+    ),
+    mutant(
+        "backend.every-alias-flushes", "tenancy.backends.postgresql",
+        "a TransactionTestCase on every alias flushes once, through the app alias",
+        "tenancy/backends/postgresql/base.py",
+        "                and self.connection.alias != tenancy_settings.APP_DATABASE):",
+        "                and self.connection.alias != tenancy_settings.APP_DATABASE and False):",
+        ("tests/test_getting_started.py::test_the_getting_started_page_works_as_written_and_past_it",),
+    ),
+    mutant(
         "backend.flush-as-the-role", "tenancy.backends.postgresql",
         "TransactionTestCase's flush runs through the owner (only it may TRUNCATE)",
         "tenancy/backends/postgresql/base.py",

@@ -81,6 +81,8 @@ class Step:
 class Plan:
     steps: list[Step] = field(default_factory=list)
     error: str = ""
+    #: things the caller should hear about that change nothing (stderr)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def changes(self) -> list[Step]:
@@ -253,8 +255,15 @@ def plan(
     database_owner: str | None,
     database_exists: bool,
     passwords: Callable[[str], Password],
+    known: Callable[[str], str | None] = lambda kind: "",
 ) -> Plan:
-    """What to do to reach ``goal`` from the catalog state given (empty: a new server)."""
+    """What to do to reach ``goal`` from the catalog state given (empty: a new server).
+
+    ``known(kind)`` says where the password of an existing role is kept, or
+    None when the settings and the password file have none: then the alias
+    cannot log in where the server asks for a password, and the plan warns
+    (an existing role's password is never changed here).
+    """
     result = Plan()
     members = set(members_of_owner)
     for kind in KINDS:
@@ -277,6 +286,17 @@ def plan(
             ))
         else:
             result.steps.append(Step(f"role {role}: exists, as required"))
+        if known(kind) is None:
+            alias = goal.aliases[kind]
+            path = alias_passfile(alias)
+            result.warnings.append(
+                f"role {role}: no password for it in DATABASES[{alias!r}] or "
+                f"{path or 'a password file'}: where the server asks for one, the alias "
+                f"{alias!r} cannot log in. An existing role's password is never changed here: "
+                f"as a superuser, ALTER ROLE {quote(role)} PASSWORD '...'; then put the "
+                f"password in {path or 'the alias settings'} (*:*:*:{role}:<password> in a "
+                "password file)."
+            )
         if kind != "owner" and role in members:
             result.steps.append(Step(
                 f"role {role}: was a member of the owner {goal.roles['owner']}; no longer",
@@ -303,6 +323,19 @@ def _password_source(goal: Target) -> Callable[[str], Password]:
     def source(kind: str) -> Password:
         return password_for(kind, goal.roles[kind], goal.aliases[kind])
     return source
+
+
+def _known_password(goal: Target) -> Callable[[str], str | None]:
+    """Where the password of ``kind``'s existing role is kept; None: nowhere (nothing is written)."""
+    def where(kind: str) -> str | None:
+        alias = goal.aliases[kind]
+        if settings.DATABASES.get(alias, {}).get("PASSWORD"):
+            return f'DATABASES["{alias}"]["PASSWORD"]'
+        path = alias_passfile(alias)
+        if path is not None and passfile_password(path, goal.roles[kind]) is not None:
+            return str(path)
+        return None
+    return where
 
 
 def script(goal: Target) -> tuple[list[str], list[str]]:
@@ -354,7 +387,7 @@ def provision(goal: Target, conn: Any) -> Plan:
         "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = %s", [goal.database]
     ).fetchone()
     result = plan(goal, roles, members, database[0] if database else None,
-                  database is not None, _password_source(goal))
+                  database is not None, _password_source(goal), _known_password(goal))
     if result.error:
         return result
     for step in result.changes:

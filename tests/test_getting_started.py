@@ -413,6 +413,22 @@ class RefundsCommit(TransactionTestCase):
         with tenant_context(1):
             self.assertEqual(Refund.objects.count(), 0)
             Refund.objects.create(tenant_id=1, amount=5)
+
+
+class EveryAlias(TransactionTestCase):
+    from django.conf import settings as _settings
+
+    databases = {_settings.TENANCY.get("APP_DATABASE", "default"), "worker", "system", "owner"}
+
+    def test_every_alias_reaches_the_one_test_database(self):
+        from django.db import connections
+        from shop.models import Refund
+
+        names = {alias: connections[alias].settings_dict["NAME"] for alias in self.databases}
+        self.assertEqual(len(set(names.values())), 1, names)
+        self.assertTrue(names["owner"].startswith("test_"), names)
+        with tenant_context(1, using="worker"):
+            Refund.objects.using("worker").create(tenant_id=1, amount=7)
 """)
     made = project.shell("python manage.py makemigrations shop")
     assert "Create model Refund" in made and "Create model Product" in made
@@ -480,8 +496,15 @@ def every_command_through_every_alias(project: Project, aliases: tuple[str, ...]
         who = project.shell(f"echo 'SELECT current_user;' | python manage.py dbshell"
                             f" --database {alias}")
         assert project.roles[kind] in who, who
+    with project.superuser() as conn:  # a row of the real database's, which the tests must keep
+        conn.execute("INSERT INTO shop_product (sku) VALUES ('sentinel')")
     ran = project.shell(f"python manage.py test {tests}")
-    assert re.search(r"^OK$", ran, re.M) and "Ran 3 tests" in ran, ran
+    assert re.search(r"^OK$", ran, re.M) and "Ran 4 tests" in ran, ran
+    assert "Error" not in ran and "Traceback" not in ran, ran
+    with project.superuser() as conn:  # the real database is still there, data and all
+        assert conn.execute("DELETE FROM shop_product WHERE sku = 'sentinel'").rowcount == 1
+        assert conn.execute("SELECT count(*) FROM pg_database WHERE datname LIKE 'test_%'"
+                            ).fetchone()[0] == 0
 
 
 def test_the_events_page_works_as_written(project):

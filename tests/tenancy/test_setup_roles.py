@@ -124,6 +124,21 @@ def test_a_second_run_changes_nothing_and_says_so(project):
     ]
 
 
+def test_an_existing_role_whose_password_is_nowhere_is_said_and_left_alone(project):
+    """A second checkout, or a lost password file: the roles exist, the file does not."""
+    project.run()
+    before = project.attributes()
+    project.passfile.unlink()
+    out, err = project.run()
+    assert project.attributes() == before  # no password changed
+    assert not project.passfile.exists()  # and none written
+    assert out.splitlines()[-1] == "nothing to change"
+    for kind in KINDS:
+        role = project.roles[kind]
+        assert (f"warning: role {role}: no password for it in DATABASES" in err
+                and f"ALTER ROLE {role} PASSWORD '...'" in err), err
+
+
 def test_no_password_is_ever_shown_or_sent(project):
     out, err = project.run()
     printed, notes = project.run(print_only=True)

@@ -8,9 +8,14 @@ test`` (and pytest-django) it hands to the owner's alias, named by
 - creating the test database, migrating it (which applies the privileges)
   and dropping it at the end: Django creates a database through the first
   alias that uses it, and puts ``default`` (the app alias) first, whose role
-  has no CREATEDB and must not own the tables;
+  has no CREATEDB and must not own the tables. The four aliases name one
+  database, so they have one test database: each says it is the owner's
+  (:meth:`DatabaseCreation.test_db_signature`), and Django creates it once and
+  makes the others its mirrors, whichever of them a test uses;
 - flushing it between ``TransactionTestCase`` tests: ``TRUNCATE``, which no
-  role but the owner holds.
+  role but the owner holds, once, through the app alias (the worker and
+  system aliases share the database and flush nothing: their roles could not
+  run what Django runs after a flush, and need not).
 
 Everything else (``TestCase``'s transactions, the queries of the tests) runs
 as the alias's own role, so the tests see what production sees.
@@ -40,6 +45,36 @@ def _owner(connection: Any) -> str | None:
 
 
 class DatabaseCreation(creation.DatabaseCreation):
+    def test_db_signature(self) -> tuple[Any, ...]:
+        """The owner's: the four aliases name one database, and get one test database.
+
+        Django creates a test database per signature and tears each one down
+        through the alias that created it. With a signature of its own (this
+        engine is not the owner's), the owner's alias would create a second
+        test database and, at the end, drop the database its settings then
+        named: the real one.
+        """
+        owner = _owner(self.connection)
+        if owner is None:
+            return tuple(super().test_db_signature())
+        return tuple(connections[owner].creation.test_db_signature())
+
+    def set_as_test_mirror(self, primary_settings_dict: dict[str, Any]) -> None:
+        """Connect where the test database's creator connects: its name, host and port.
+
+        A pooler in front of this alias (``tenancy.databases(pooled=...)``)
+        knows the real database, not the test's.
+        """
+        if _owner(self.connection) is None:
+            super().set_as_test_mirror(primary_settings_dict)
+            return
+        from django.conf import settings
+
+        direct = {k: primary_settings_dict.get(k) for k in ("NAME", "HOST", "PORT")}
+        settings.DATABASES[self.connection.alias].update(direct)
+        self.connection.settings_dict.update(direct)
+        self.connection.close()
+
     def create_test_db(
         self, verbosity: int = 1, autoclobber: bool = False, serialize: bool | None = True,
         keepdb: bool = False,
@@ -92,6 +127,24 @@ class DatabaseCreation(creation.DatabaseCreation):
 
 
 class DatabaseOperations(operations.DatabaseOperations):
+    def sql_flush(
+        self, style: Any, tables: Any, *, reset_sequences: bool = False,
+        allow_cascade: bool = False,
+    ) -> list[str]:
+        """Nothing for the worker and system aliases: the app alias flushes the database.
+
+        They name the same database; a flush through them would empty it again
+        and then run Django's ``post_migrate`` handlers as their roles, which
+        may not write Django's own tables (``django_content_type``).
+        """
+        from tenancy.conf import tenancy_settings
+
+        if (_owner(self.connection) is not None
+                and self.connection.alias != tenancy_settings.APP_DATABASE):
+            return []
+        return list(super().sql_flush(style, tables, reset_sequences=reset_sequences,
+                                      allow_cascade=allow_cascade))
+
     def execute_sql_flush(self, sql_list: Iterable[str]) -> None:
         """Flush through a connection of the owner's (only it may TRUNCATE).
 

@@ -55,6 +55,8 @@ class Command(BaseCommand):
             raise CommandError(str(exc).strip().splitlines()[0]) from exc
         for step in result.steps:
             self.stdout.write(step.message)
+        for warning in result.warnings:
+            self.stderr.write(f"warning: {warning}")
         if result.error:
             raise CommandError(result.error)
         if not result.changes:
