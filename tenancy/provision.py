@@ -326,7 +326,7 @@ def _password_source(goal: Target) -> Callable[[str], Password]:
 
 
 def _known_password(goal: Target) -> Callable[[str], str | None]:
-    """Where the password of ``kind``'s existing role is kept; None: nowhere (nothing is written)."""
+    """Where ``kind``'s existing role's password is kept; None: nowhere (nothing is written)."""
     def where(kind: str) -> str | None:
         alias = goal.aliases[kind]
         if settings.DATABASES.get(alias, {}).get("PASSWORD"):
