@@ -559,6 +559,23 @@ CATALOGUE: list[Mutant] = [
         "        cursor.execute(_LOCK_OFFSET.format(watch=watch),\n",
         (TENANCY + "test_pinned_names.py::test_a_consumer_batch_locks_and_advances_its_own_offset_row",),
     ),
+    # --- tenancy: no temporary objects for the app and worker roles (test_temporary.py) --------
+    mutant(
+        "privileges.temporary-kept-through-public", "tenancy.privileges",
+        "migrate takes TEMPORARY away from the app and worker roles (they have it through PUBLIC)",
+        "tenancy/privileges.py",
+        '        f"REVOKE TEMPORARY {on} FROM PUBLIC;",\n',
+        "",
+        (TENANCY + "test_temporary.py",),
+    ),
+    mutant(
+        "checks.E027-missing", "tenancy.checks",
+        "check tenancy.E027 reports an app or worker role that can create temporary tables",
+        "tenancy/checks.py",
+        "    if not holders:\n        return []\n    fix = ",
+        "    if True:\n        return []\n    fix = ",
+        (TENANCY + "test_temporary.py",),
+    ),
     mutant(
         "context.bigint-range-unchecked", "tenancy.context",
         "a tenant id outside PostgreSQL's bigint range is refused (ValueError)",

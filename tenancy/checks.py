@@ -29,6 +29,7 @@ def register() -> None:
     checks.register(check_routing)
     checks.register(check_database_roles, checks.Tags.database)
     checks.register(check_privileges, checks.Tags.database)
+    checks.register(check_temporary, checks.Tags.database)
 
 
 def _is_postgresql(alias: str) -> bool:
@@ -240,6 +241,55 @@ def check_privileges(
                 id="tenancy.E018",
             ))
     return errors
+
+
+def check_temporary(
+    app_configs: Any = None, databases: Sequence[str] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Can the app or worker role still create temporary tables (``tenancy.E027``)?
+
+    A temporary table left in a pooled server session would shadow a table of
+    the same name for the session's next borrower (docs/roles.md). Asked on the
+    first alias named that does not connect as the database's owner: ``migrate``
+    connected as the owner takes the privilege away itself, after its checks.
+    """
+    from tenancy.privileges import (
+        database_name,
+        database_statements,
+        owns_database,
+        temporary_holders,
+    )
+
+    aliases = [a for a in databases or () if a in settings.DATABASES and _is_postgresql(a)]
+    holders: list[tuple[str, str]] = []
+    for alias in aliases:
+        try:
+            if owns_database(alias):
+                continue
+            holders = temporary_holders(alias)
+        except DatabaseError as exc:
+            roles_checked = (tenancy_settings.APP_DATABASE, tenancy_settings.WORKER_DATABASE,
+                             tenancy_settings.SYSTEM_DATABASE)
+            if alias in roles_checked:
+                return []  # check_database_roles reports it as tenancy.E010: once, not twice
+            return [checks.Error(f"Could not inspect database {alias!r}: {exc}",
+                                 id="tenancy.E010")]
+        break
+    if not holders:
+        return []
+    fix = " ".join(database_statements(database_name()))
+    return [
+        checks.Error(
+            f"Role {role!r} ({kind}) can create temporary tables in database "
+            f"{database_name()!r} (TEMPORARY, which PostgreSQL gives PUBLIC by default): a "
+            "temporary table left in a pooled server session would take the place of a table "
+            "of the same name for the session's next borrower.",
+            hint=f"Run, as the database's owner: {fix} (or manage.py grant_privileges, or "
+            "migrate, connected as it).",
+            id="tenancy.E027",
+        )
+        for kind, role in holders
+    ]
 
 
 def check_database_roles(
