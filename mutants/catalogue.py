@@ -559,6 +559,25 @@ CATALOGUE: list[Mutant] = [
         "        cursor.execute(_LOCK_OFFSET.format(watch=watch),\n",
         (TENANCY + "test_pinned_names.py::test_a_consumer_batch_locks_and_advances_its_own_offset_row",),
     ),
+    # --- nothing left in a session (tests/test_session_state.py) --------------------------------
+    mutant(
+        "store.key-lock-for-the-session", "idempotency.store",
+        "the key's in-flight lock is transaction-level: a session holds no lock after a request",
+        "idempotency/store.py",
+        "ELSE pg_try_advisory_xact_lock(%(lock_id)s) END",
+        "ELSE pg_try_advisory_lock(%(lock_id)s) END",
+        ("tests/test_session_state.py::test_direct_connections_come_back_from_the_librarys_flows_holding_nothing",
+         "tests/test_session_state.py::test_pooled_sessions_come_back_from_the_librarys_flows_holding_nothing"),
+    ),
+    mutant(
+        "store.batch-setting-for-the-session", "outbox.store",
+        "a consumer batch's settings are transaction-local: a session holds none after a batch",
+        "outbox/store.py",
+        "       set_config('client_connection_check_interval', '1000', true)",
+        "       set_config('client_connection_check_interval', '1000', false)",
+        ("tests/test_session_state.py::test_direct_connections_come_back_from_the_librarys_flows_holding_nothing",
+         "tests/test_session_state.py::test_pooled_sessions_come_back_from_the_librarys_flows_holding_nothing"),
+    ),
     # --- tenancy: no temporary objects for the app and worker roles (test_temporary.py) --------
     mutant(
         "privileges.temporary-kept-through-public", "tenancy.privileges",

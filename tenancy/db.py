@@ -57,7 +57,17 @@ def role_facts(using: str) -> RoleFacts:
 
 
 def table_facts(using: str, tables: list[str]) -> dict[str, TableFacts]:
-    """Catalog facts for ``tables`` that exist in the current schema."""
+    """Catalog facts for ``tables`` that exist in the alias's schema.
+
+    The schema is the first of those the alias's sessions start with
+    (:func:`tenancy.context.pinned_schemas`), not ``current_schema()``: a
+    session's ``search_path`` may have been changed by an earlier borrower of
+    a pooled server session, and ``current_schema()`` of a path that starts
+    with ``pg_temp`` tries to create the temporary schema.
+    """
+    from tenancy.context import pinned_schemas
+
+    schema = pinned_schemas(using)[0]
     with connections[using].cursor() as cursor:
         cursor.execute(
             """
@@ -81,9 +91,9 @@ def table_facts(using: str, tables: list[str]) -> dict[str, TableFacts]:
               FROM pg_class c
              WHERE c.relname = ANY(%s)
                AND c.relkind IN ('r', 'p')
-               AND c.relnamespace = current_schema()::regnamespace
+               AND c.relnamespace = (SELECT n.oid FROM pg_namespace n WHERE n.nspname = %s)
             """,
-            [tables],
+            [tables, schema],
         )
         return {row[0]: TableFacts(*row) for row in cursor.fetchall()}
 

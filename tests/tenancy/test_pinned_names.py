@@ -183,10 +183,10 @@ def test_a_consumer_batch_locks_and_advances_its_own_offset_row(route, search_pa
 
 
 def test_the_pinned_path_is_the_one_sessions_start_with_not_what_they_were_set_to():
-    from tenancy.context import _pins, search_path_sql
+    from tenancy.context import _schemas, search_path_sql
 
     app = app_alias()
     with Direct().routed(app):
         Direct().leave(app, "SET search_path = pg_temp, pg_catalog")
-        _pins.clear()  # derived again, on this session
+        _schemas.clear()  # derived again, on this session
         assert search_path_sql(app) == 'SET LOCAL search_path = "public", pg_temp'
