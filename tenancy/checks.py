@@ -18,10 +18,13 @@ from django.db import DatabaseError, router
 from django_idempotency_outbox.conf import registered
 from django_idempotency_outbox.errors import ConfigurationError
 from tenancy.conf import tenancy_settings
-from tenancy.db import role_facts, table_facts, tenant_isolated_models, tenant_isolated_tables
-
-#: The library's own apps: they pass their alias to every query themselves.
-LIBRARY_APPS = frozenset({"tenancy", "idempotency", "outbox"})
+from tenancy.db import (
+    LIBRARY_APPS,  # the library's own apps: they pass their alias to every query themselves
+    role_facts,
+    table_facts,
+    tenant_isolated_models,
+    tenant_isolated_tables,
+)
 
 
 def register() -> None:
@@ -414,9 +417,10 @@ def _check_table_rls(fact: Any) -> Iterable[checks.CheckMessage]:
     if not (fact.rls_enabled and fact.rls_forced and fact.policies) or fact.other_policies:
         yield checks.Error(
             f"Table {fact.name} does not have row-level security enabled and forced with "
-            f"policies on app.tenant_id only (enabled={fact.rls_enabled}, "
+            f"only the tenant policy the migrations install (enabled={fact.rls_enabled}, "
             f"forced={fact.rls_forced}, policies={fact.policies}, "
-            f"others={fact.other_policies}).",
+            f"others={fact.other_policies}: permissive policies whose USING or WITH CHECK "
+            "is not exactly tenant_id = (SELECT tenancy_current_tenant())).",
             hint=_rls_hint(fact.name),
             id="tenancy.E014",
         )
