@@ -559,6 +559,86 @@ CATALOGUE: list[Mutant] = [
         "        cursor.execute(_LOCK_OFFSET.format(watch=watch),\n",
         (TENANCY + "test_pinned_names.py::test_a_consumer_batch_locks_and_advances_its_own_offset_row",),
     ),
+    # --- SQL: the policies, FORCE (tests/tenancy/test_isolation.py, test_roles.py) --------------
+    mutant(
+        "rls.received-not-forced", "outbox.sql",
+        "FORCE applies outbox_received's policy to the table's owner too",
+        "outbox/sql/0002_outbox.sql",
+        "ALTER TABLE outbox_received FORCE ROW LEVEL SECURITY;\n",
+        "",
+        (TENANCY + "test_isolation.py::test_force_applies_the_policy_to_the_tables_owner_too",
+         TENANCY + "test_roles.py"),
+    ),
+    mutant(
+        "rls.received-or-true", "outbox.sql",
+        "outbox_received: a tenant sees and writes its own rows only",
+        "outbox/sql/0007_verified_context_policy.sql",
+        "ALTER POLICY outbox_received_tenant_isolation ON outbox_received\n"
+        "    USING (tenant_id = (SELECT tenancy_current_tenant()))",
+        "ALTER POLICY outbox_received_tenant_isolation ON outbox_received\n"
+        "    USING (tenant_id = (SELECT tenancy_current_tenant()) OR true)",
+        (TENANCY + "test_isolation.py", TENANCY + "test_roles.py"),
+    ),
+    mutant(
+        "rls.keys-check-open", "idempotency.sql",
+        "idempotency_keys: a tenant cannot write a key for another tenant (WITH CHECK)",
+        "idempotency/sql/0007_verified_context_policy.sql",
+        "    WITH CHECK (tenant_id = (SELECT tenancy_current_tenant()));",
+        "    WITH CHECK (tenant_id = (SELECT tenancy_current_tenant()) OR true);",
+        (TENANCY + "test_isolation.py",),
+    ),
+    mutant(
+        "rls.failures-not-enabled", "outbox.sql",
+        "outbox_consumer_failures: the worker role sees its message's tenant's failures only",
+        "outbox/sql/0005_worker_role.sql",
+        "ALTER TABLE outbox_consumer_failures ENABLE ROW LEVEL SECURITY;\n",
+        "",
+        (TENANCY + "test_isolation.py",),
+    ),
+    mutant(
+        "db.policy-compared-loosely", "tenancy.db",
+        "check tenancy.E014 reports a policy that is not exactly the installed one ('... OR true')",
+        "tenancy/db.py",
+        "    return qual in allowed and (check is None or check in allowed)",
+        "    return qual is not None and 'tenancy_current_tenant()' in qual",
+        (TENANCY + "test_roles.py",),
+    ),
+    # --- the privilege matrix, retention, received records ------------------------------------
+    mutant(
+        "privileges.app-on-offsets", "tenancy.privileges",
+        "the web role has no privilege on consumer_offsets",
+        "tenancy/privileges.py",
+        '"consumer_offsets": {WORKER: ("SELECT", "INSERT", "UPDATE"), SYSTEM: ("SELECT",)},',
+        '"consumer_offsets": {APP: ("SELECT", "UPDATE"), WORKER: ("SELECT", "INSERT", "UPDATE"),'
+        ' SYSTEM: ("SELECT",)},',
+        (TENANCY + "test_privileges.py::test_the_web_role_cannot_touch_shared_delivery_state",),
+    ),
+    mutant(
+        "retention.unstarted-reader-ignored", "outbox.retention",
+        "retention waits for a configured reader that has no offset row yet",
+        "outbox/retention.py",
+        "    if not readers or expected - present:",
+        "    if not readers:",
+        (OUTBOX + "test_retention.py",),
+    ),
+    mutant(
+        "received.duplicate-runs", "outbox.store",
+        "a receiver handles each message once, however often it arrives",
+        "outbox/store.py",
+        "        cursor.execute(_RECORD_RECEIVED, [tenant_id, receiver, message_id])\n"
+        "        return int(cursor.rowcount) == 1",
+        "        cursor.execute(_RECORD_RECEIVED, [tenant_id, receiver, message_id])\n"
+        "        return True",
+        (OUTBOX + "test_relay.py::test_receiver_handles_a_message_once_however_often_it_arrives",),
+    ),
+    mutant(
+        "received.forgotten-at-once", "outbox.store",
+        "receiver records are kept for RECEIVED_RETENTION before reap_outbox forgets them",
+        "outbox/store.py",
+        "         WHERE tenant_id = %s AND received_at < now() - make_interval(secs => %s)\n",
+        "         WHERE tenant_id = %s AND received_at < now() + make_interval(secs => %s)\n",
+        (OUTBOX + "test_retention.py::test_old_receiver_records_are_forgotten",),
+    ),
     # --- nothing left in a session (tests/test_session_state.py) --------------------------------
     mutant(
         "store.key-lock-for-the-session", "idempotency.store",
