@@ -143,7 +143,8 @@ def test_system_checks_refuse_a_policy_that_does_not_compare_with_the_tenant():
 def test_the_check_reports_a_policy_widened_with_or_true_on_outbox_received(widened):
     installed = "(tenant_id = (SELECT tenancy_current_tenant()))"
     with connections["owner"].cursor() as cursor:
-        cursor.execute(f"ALTER POLICY outbox_received_tenant_isolation ON outbox_received {widened}")
+        cursor.execute("ALTER POLICY outbox_received_tenant_isolation ON outbox_received "
+                       + widened)
     try:
         messages = [m for m in checks.run_checks(databases=[app_alias()])
                     if m.id == "tenancy.E014"]
