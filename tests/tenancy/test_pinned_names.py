@@ -75,7 +75,12 @@ def temporary_allowed() -> Iterator[None]:
 
 
 class Direct:
-    """The earlier borrower ran on the very connection Django goes on using."""
+    """The earlier borrower ran on the very connection Django goes on using.
+
+    A direct session to PostgreSQL, kept across requests (``CONN_MAX_AGE``),
+    even when ``DIO_POOLED`` puts the alias behind pgbouncer: what it holds
+    ends with it.
+    """
 
     name = "direct"
 
@@ -86,17 +91,20 @@ class Direct:
 
     @contextlib.contextmanager
     def routed(self, *aliases: str) -> Iterator[None]:
+        direct = settings.DATABASES["owner"]  # never pooled
         saved = {}
         for alias in aliases:
-            connections[alias].close()
-            saved[alias] = connections[alias].settings_dict["CONN_MAX_AGE"]
-            connections[alias].settings_dict["CONN_MAX_AGE"] = None  # kept across requests
+            connection = connections[alias]
+            connection.close()
+            saved[alias] = {k: connection.settings_dict[k] for k in ("CONN_MAX_AGE", "HOST", "PORT")}
+            connection.settings_dict.update(CONN_MAX_AGE=None, HOST=direct["HOST"],
+                                            PORT=direct["PORT"])
         try:
             yield
         finally:
-            for alias, age in saved.items():
+            for alias, values in saved.items():
                 connections[alias].close()
-                connections[alias].settings_dict["CONN_MAX_AGE"] = age
+                connections[alias].settings_dict.update(values)
 
 
 @pytest.fixture(params=["direct", "pgbouncer"])
