@@ -96,7 +96,8 @@ class Direct:
         for alias in aliases:
             connection = connections[alias]
             connection.close()
-            saved[alias] = {k: connection.settings_dict[k] for k in ("CONN_MAX_AGE", "HOST", "PORT")}
+            saved[alias] = {key: connection.settings_dict[key]
+                            for key in ("CONN_MAX_AGE", "HOST", "PORT")}
             connection.settings_dict.update(CONN_MAX_AGE=None, HOST=direct["HOST"],
                                             PORT=direct["PORT"])
         try:
