@@ -639,6 +639,27 @@ CATALOGUE: list[Mutant] = [
         "         WHERE tenant_id = %s AND received_at < now() + make_interval(secs => %s)\n",
         (OUTBOX + "test_retention.py::test_old_receiver_records_are_forgotten",),
     ),
+    # --- the demo as deployed (example_project, scripts/demo) -----------------------------------
+    mutant(
+        "example.schema-generated-concurrently", "example_project",
+        "the shop's first concurrent /schema/ requests all answer 200 (one generation at a time)",
+        "example_project/urls.py",
+        "        with self._generating:\n",
+        "        if True:\n",
+        ("tests/example/test_schema.py",),
+    ),
+    mutant(
+        "example.foreign-key-across-tenants", "example_project",
+        "a shop order refers to its own tenant's product only, and another's looks missing",
+        "example_project/shop/sql/0003_tenant_keys.sql",
+        "    FOREIGN KEY (tenant_id, product_id) REFERENCES shop_product (tenant_id, id)",
+        "    FOREIGN KEY (product_id) REFERENCES shop_product (id)",
+        more=(Edit("example_project/shop/sql/0003_tenant_keys.sql",
+                   "ALTER TABLE shop_product DROP CONSTRAINT shop_product_pkey, ADD PRIMARY KEY"
+                   " (tenant_id, id);",
+                   "ALTER TABLE shop_product ADD UNIQUE (tenant_id, id);"),),
+        tests=("tests/example/test_shop_keys.py",),
+    ),
     # --- nothing left in a session (tests/test_session_state.py) --------------------------------
     mutant(
         "store.key-lock-for-the-session", "idempotency.store",
