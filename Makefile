@@ -2,9 +2,10 @@
 #
 #   make demo               the example shop, running, with a narrated scenario (make demo-stop)
 #   make test               the whole suite on a private PostgreSQL (started and stopped here)
-#   make test-pooled        the idempotency, tenancy and outbox suites with the app alias
-#                           through a private pgbouncer in transaction mode (DIO_POOLED=app);
-#                           tests marked direct_sessions are skipped there, with their reason
+#   make test-pooled        the idempotency, tenancy and outbox suites (and the session-state
+#                           tests) with every alias through a private pgbouncer in transaction
+#                           mode (DIO_POOLED=app,worker,system); tests marked direct_sessions
+#                           are skipped there, with their reason
 #   make test-app-alias     the same suites with the aliases named other than "default"
 #                           (tests/settings_app_alias.py: nothing may assume "default")
 #   make test-matrix        tox: the upstream-pinning tests and the contract on the oldest
@@ -53,14 +54,13 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	@scripts/services run pg redis -- $(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# The app alias only. DIO_POOLED=app,system pools the system alias too (the
-# key reaper's lease row works there: tests/idempotency/test_reaper.py passes),
-# but tests/outbox/test_faults.py's database outage (CONNECTION LIMIT 0) puts
-# pgbouncer's pool into server_login_retry and the later outbox tests lose
-# their persistent system connections: not fixed yet.
+# Every alias behind the private pgbouncer (transaction pooling): app, worker
+# and system, as docs/scaling.md allows; the outage tests included (the
+# pooler's server_login_retry and query_wait_timeout, scripts/services).
 test-pooled: $(STAMP)
-	@DIO_POOLED=app scripts/services run pg redis pgbouncer -- \
-		$(BIN)/python -m pytest tests/idempotency tests/tenancy tests/outbox $(PYTEST_ARGS)
+	@DIO_POOLED=app,worker,system scripts/services run pg redis pgbouncer -- \
+		$(BIN)/python -m pytest tests/idempotency tests/tenancy tests/outbox \
+		tests/test_session_state.py $(PYTEST_ARGS)
 
 # The tenancy, idempotency and outbox suites again, with the app alias named "app" and the
 # system alias "upkeep" (tests/settings_app_alias.py): nothing may assume "default".

@@ -1,3 +1,5 @@
+import threading
+
 from django.contrib import admin
 from django.contrib.staticfiles.views import serve
 from django.urls import include, path, re_path
@@ -7,6 +9,26 @@ from django_idempotency_outbox.metrics import metrics_view
 from example_project.traces import traces
 from outbox import health_view
 
+
+
+class SchemaView(SpectacularAPIView):
+    """drf-spectacular's schema view, generating one schema at a time in a process.
+
+    drf-spectacular imports some of its extensions, and loads their classes,
+    during the first schema generation, and keeps generation statistics in a
+    module-level object: two threads generating at once (the first concurrent
+    ``/schema/`` requests of a threaded gunicorn worker) trip over each
+    other's half-loaded state and answer 500. Generating is rare and quick;
+    one at a time costs nothing that matters (docs/operations.md).
+    """
+
+    _generating = threading.Lock()
+
+    def get(self, request, *args, **kwargs):
+        with self._generating:
+            return super().get(request, *args, **kwargs)
+
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     # Operators' endpoints; in production, route them where only Prometheus and
@@ -14,9 +36,9 @@ urlpatterns = [
     path("metrics", metrics_view),
     path("healthz/outbox", health_view),
     path("traces/", traces),
-    # The admin's CSS, served by Django: the demo has no web server in front.
+    # The admin's CSS, served by Django (the demo's nginx only buffers requests).
     re_path(r"^static/(?P<path>.*)$", serve, {"insecure": True}),
-    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("schema/", SchemaView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema")),
     path("", include("example_project.shop.urls")),
 ]

@@ -35,6 +35,7 @@ from django_idempotency_outbox.openapi import (
 )
 from idempotency import core, flow
 from idempotency.conf import idempotency_settings
+from idempotency.mixins import IdempotentViewMixin
 from idempotency.responses import REPLAYED_HEADER
 from tenancy.openapi import TenantScopedSchema
 
@@ -149,7 +150,7 @@ class IdempotentSchema(TenantScopedSchema):
 class IdempotentViewExtension(OpenApiViewExtension):  # type: ignore[no-untyped-call]
     """Documents ``IdempotentViewMixin``'s contract on every view that uses it."""
 
-    target_class = "idempotency.mixins.IdempotentViewMixin"
+    target_class = IdempotentViewMixin  # the class: see tenancy.openapi
     match_subclasses = True
     priority = 1  # before TenantScopedViewExtension, which also matches these views
 

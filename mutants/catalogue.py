@@ -639,6 +639,143 @@ CATALOGUE: list[Mutant] = [
         "        cursor.execute(_LOCK_OFFSET.format(watch=watch),\n",
         (TENANCY + "test_pinned_names.py::test_a_consumer_batch_locks_and_advances_its_own_offset_row",),
     ),
+    # --- SQL: the policies, FORCE (tests/tenancy/test_isolation.py, test_roles.py) --------------
+    mutant(
+        "rls.received-not-forced", "outbox.sql",
+        "FORCE applies outbox_received's policy to the table's owner too",
+        "outbox/sql/0002_outbox.sql",
+        "ALTER TABLE outbox_received FORCE ROW LEVEL SECURITY;\n",
+        "",
+        (TENANCY + "test_isolation.py::test_force_applies_the_policy_to_the_tables_owner_too",
+         TENANCY + "test_roles.py"),
+    ),
+    mutant(
+        "rls.received-or-true", "outbox.sql",
+        "outbox_received: a tenant sees and writes its own rows only",
+        "outbox/sql/0007_verified_context_policy.sql",
+        "ALTER POLICY outbox_received_tenant_isolation ON outbox_received\n"
+        "    USING (tenant_id = (SELECT tenancy_current_tenant()))",
+        "ALTER POLICY outbox_received_tenant_isolation ON outbox_received\n"
+        "    USING (tenant_id = (SELECT tenancy_current_tenant()) OR true)",
+        (TENANCY + "test_isolation.py", TENANCY + "test_roles.py"),
+    ),
+    mutant(
+        "rls.keys-check-open", "idempotency.sql",
+        "idempotency_keys: a tenant cannot write a key for another tenant (WITH CHECK)",
+        "idempotency/sql/0007_verified_context_policy.sql",
+        "    WITH CHECK (tenant_id = (SELECT tenancy_current_tenant()));",
+        "    WITH CHECK (tenant_id = (SELECT tenancy_current_tenant()) OR true);",
+        (TENANCY + "test_isolation.py",),
+    ),
+    mutant(
+        "rls.failures-not-enabled", "outbox.sql",
+        "outbox_consumer_failures: the worker role sees its message's tenant's failures only",
+        "outbox/sql/0005_worker_role.sql",
+        "ALTER TABLE outbox_consumer_failures ENABLE ROW LEVEL SECURITY;\n",
+        "",
+        (TENANCY + "test_isolation.py",),
+    ),
+    mutant(
+        "db.policy-compared-loosely", "tenancy.db",
+        "check tenancy.E014 reports a policy that is not exactly the installed one ('... OR true')",
+        "tenancy/db.py",
+        "    return qual in allowed and (check is None or check in allowed)",
+        "    return qual is not None and 'tenancy_current_tenant()' in qual",
+        (TENANCY + "test_roles.py",),
+    ),
+    # --- the privilege matrix, retention, received records ------------------------------------
+    mutant(
+        "privileges.app-on-offsets", "tenancy.privileges",
+        "the web role has no privilege on consumer_offsets",
+        "tenancy/privileges.py",
+        '"consumer_offsets": {WORKER: ("SELECT", "INSERT", "UPDATE"), SYSTEM: ("SELECT",)},',
+        '"consumer_offsets": {APP: ("SELECT", "UPDATE"), WORKER: ("SELECT", "INSERT", "UPDATE"),'
+        ' SYSTEM: ("SELECT",)},',
+        (TENANCY + "test_privileges.py::test_the_web_role_cannot_touch_shared_delivery_state",),
+    ),
+    mutant(
+        "retention.unstarted-reader-ignored", "outbox.retention",
+        "retention waits for a configured reader that has no offset row yet",
+        "outbox/retention.py",
+        "    if not readers or expected - present:",
+        "    if not readers:",
+        (OUTBOX + "test_retention.py",),
+    ),
+    mutant(
+        "received.duplicate-runs", "outbox.store",
+        "a receiver handles each message once, however often it arrives",
+        "outbox/store.py",
+        "        cursor.execute(_RECORD_RECEIVED, [tenant_id, receiver, message_id])\n"
+        "        return int(cursor.rowcount) == 1",
+        "        cursor.execute(_RECORD_RECEIVED, [tenant_id, receiver, message_id])\n"
+        "        return True",
+        (OUTBOX + "test_relay.py::test_receiver_handles_a_message_once_however_often_it_arrives",),
+    ),
+    mutant(
+        "received.forgotten-at-once", "outbox.store",
+        "receiver records are kept for RECEIVED_RETENTION before reap_outbox forgets them",
+        "outbox/store.py",
+        "         WHERE tenant_id = %s AND received_at < now() - make_interval(secs => %s)\n",
+        "         WHERE tenant_id = %s AND received_at < now() + make_interval(secs => %s)\n",
+        (OUTBOX + "test_retention.py::test_old_receiver_records_are_forgotten",),
+    ),
+    # --- the demo as deployed (example_project, scripts/demo) -----------------------------------
+    mutant(
+        "example.schema-generated-concurrently", "example_project",
+        "the shop's first concurrent /schema/ requests all answer 200 (one generation at a time)",
+        "example_project/urls.py",
+        "        with self._generating:\n",
+        "        if True:\n",
+        ("tests/example/test_schema.py",),
+    ),
+    mutant(
+        "example.foreign-key-across-tenants", "example_project",
+        "a shop order refers to its own tenant's product only, and another's looks missing",
+        "example_project/shop/sql/0003_tenant_keys.sql",
+        "    FOREIGN KEY (tenant_id, product_id) REFERENCES shop_product (tenant_id, id)",
+        "    FOREIGN KEY (product_id) REFERENCES shop_product (id)",
+        more=(Edit("example_project/shop/sql/0003_tenant_keys.sql",
+                   "ALTER TABLE shop_product DROP CONSTRAINT shop_product_pkey, ADD PRIMARY KEY"
+                   " (tenant_id, id);",
+                   "ALTER TABLE shop_product ADD UNIQUE (tenant_id, id);"),),
+        tests=("tests/example/test_shop_keys.py",),
+    ),
+    # --- nothing left in a session (tests/test_session_state.py) --------------------------------
+    mutant(
+        "store.key-lock-for-the-session", "idempotency.store",
+        "the key's in-flight lock is transaction-level: a session holds no lock after a request",
+        "idempotency/store.py",
+        "ELSE pg_try_advisory_xact_lock(%(lock_id)s) END",
+        "ELSE pg_try_advisory_lock(%(lock_id)s) END",
+        ("tests/test_session_state.py::test_direct_connections_come_back_from_the_librarys_flows_holding_nothing",
+         "tests/test_session_state.py::test_pooled_sessions_come_back_from_the_librarys_flows_holding_nothing"),
+    ),
+    mutant(
+        "store.batch-setting-for-the-session", "outbox.store",
+        "a consumer batch's settings are transaction-local: a session holds none after a batch",
+        "outbox/store.py",
+        "       set_config('client_connection_check_interval', '1000', true)",
+        "       set_config('client_connection_check_interval', '1000', false)",
+        ("tests/test_session_state.py::test_direct_connections_come_back_from_the_librarys_flows_holding_nothing",
+         "tests/test_session_state.py::test_pooled_sessions_come_back_from_the_librarys_flows_holding_nothing"),
+    ),
+    # --- tenancy: no temporary objects for the app and worker roles (test_temporary.py) --------
+    mutant(
+        "privileges.temporary-kept-through-public", "tenancy.privileges",
+        "migrate takes TEMPORARY away from the app and worker roles (they have it through PUBLIC)",
+        "tenancy/privileges.py",
+        '        f"REVOKE TEMPORARY {on} FROM PUBLIC;",\n',
+        "",
+        (TENANCY + "test_temporary.py",),
+    ),
+    mutant(
+        "checks.E030-missing", "tenancy.checks",
+        "check tenancy.E030 reports an app or worker role that can create temporary tables",
+        "tenancy/checks.py",
+        "    if not holders:\n        return []\n    fix = ",
+        "    if True:\n        return []\n    fix = ",
+        (TENANCY + "test_temporary.py",),
+    ),
     mutant(
         "context.bigint-range-unchecked", "tenancy.context",
         "a tenant id outside PostgreSQL's bigint range is refused (ValueError)",

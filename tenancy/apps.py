@@ -12,13 +12,15 @@ class TenancyConfig(AppConfig):
         from tenancy import checks
         from tenancy.context import pin_search_path
         from tenancy.policies import declare_policies, install_autodetector
-        from tenancy.privileges import grant_after_migrate
+        from tenancy.privileges import grant_after_migrate, revoke_temporary_after_migrate
 
         checks.register()
         declare_policies()
         install_autodetector()
         post_migrate.connect(grant_after_migrate, dispatch_uid="tenancy.grant_after_migrate")
         connection_created.connect(pin_search_path, dispatch_uid="tenancy.pin_search_path")
+        post_migrate.connect(revoke_temporary_after_migrate,
+                             dispatch_uid="tenancy.revoke_temporary_after_migrate")
         register_schema_extension()
 
 

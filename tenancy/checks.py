@@ -18,10 +18,13 @@ from django.db import DatabaseError, router
 from django_idempotency_outbox.conf import registered
 from django_idempotency_outbox.errors import ConfigurationError
 from tenancy.conf import tenancy_settings
-from tenancy.db import role_facts, table_facts, tenant_isolated_models, tenant_isolated_tables
-
-#: The library's own apps: they pass their alias to every query themselves.
-LIBRARY_APPS = frozenset({"tenancy", "idempotency", "outbox"})
+from tenancy.db import (
+    LIBRARY_APPS,  # the library's own apps: they pass their alias to every query themselves
+    role_facts,
+    table_facts,
+    tenant_isolated_models,
+    tenant_isolated_tables,
+)
 
 
 def register() -> None:
@@ -31,6 +34,7 @@ def register() -> None:
     checks.register(check_privileges, checks.Tags.database)
     checks.register(check_project_privileges, checks.Tags.database)
     checks.register(check_policy_declarations)
+    checks.register(check_temporary, checks.Tags.database)
 
 
 def _is_postgresql(alias: str) -> bool:
@@ -344,6 +348,53 @@ def check_policy_declarations(app_configs: Any = None, **kwargs: Any) -> list[ch
                 id="tenancy.E029",
             ))
     return errors
+def check_temporary(
+    app_configs: Any = None, databases: Sequence[str] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Can the app or worker role still create temporary tables (``tenancy.E030``)?
+
+    A temporary table left in a pooled server session would shadow a table of
+    the same name for the session's next borrower (docs/roles.md). Asked on the
+    first alias named that does not connect as the database's owner: ``migrate``
+    connected as the owner takes the privilege away itself, after its checks.
+    """
+    from tenancy.privileges import (
+        database_name,
+        database_statements,
+        owns_database,
+        temporary_holders,
+    )
+
+    aliases = [a for a in databases or () if a in settings.DATABASES and _is_postgresql(a)]
+    holders: list[tuple[str, str]] = []
+    for alias in aliases:
+        try:
+            if owns_database(alias):
+                continue
+            holders = temporary_holders(alias)
+        except DatabaseError as exc:
+            roles_checked = (tenancy_settings.APP_DATABASE, tenancy_settings.WORKER_DATABASE,
+                             tenancy_settings.SYSTEM_DATABASE)
+            if alias in roles_checked:
+                return []  # check_database_roles reports it as tenancy.E010: once, not twice
+            return [checks.Error(f"Could not inspect database {alias!r}: {exc}",
+                                 id="tenancy.E010")]
+        break
+    if not holders:
+        return []
+    fix = " ".join(database_statements(database_name()))
+    return [
+        checks.Error(
+            f"Role {role!r} ({kind}) can create temporary tables in database "
+            f"{database_name()!r} (TEMPORARY, which PostgreSQL gives PUBLIC by default): a "
+            "temporary table left in a pooled server session would take the place of a table "
+            "of the same name for the session's next borrower.",
+            hint=f"Run, as the database's owner: {fix} (or manage.py grant_privileges, or "
+            "migrate, connected as it).",
+            id="tenancy.E030",
+        )
+        for kind, role in holders
+    ]
 
 
 def check_database_roles(
@@ -468,9 +519,10 @@ def _check_table_rls(fact: Any) -> Iterable[checks.CheckMessage]:
     if not (fact.rls_enabled and fact.rls_forced and fact.policies) or fact.other_policies:
         yield checks.Error(
             f"Table {fact.name} does not have row-level security enabled and forced with "
-            f"policies on app.tenant_id only (enabled={fact.rls_enabled}, "
+            f"only the tenant policy the migrations install (enabled={fact.rls_enabled}, "
             f"forced={fact.rls_forced}, policies={fact.policies}, "
-            f"others={fact.other_policies}).",
+            f"others={fact.other_policies}: permissive policies whose USING or WITH CHECK "
+            "is not exactly tenant_id = (SELECT tenancy_current_tenant())).",
             hint=_rls_hint(fact.name),
             id="tenancy.E014",
         )

@@ -72,9 +72,11 @@ def set_tenant_sql(tenant_id: int | None) -> str:
     return f"SET LOCAL {GUC} = '{value}'"
 
 
-#: Per (alias, database, role): the statement that pins the search_path of
-#: the library's tenant transactions (see :func:`search_path_sql`).
-_pins: dict[tuple[str, str, str], str] = {}
+#: Per (alias, database, role): the schemas the library's tenant transactions
+#: pin their names to (see :func:`search_path_sql`); per list of schemas, the
+#: statement.
+_schemas: dict[tuple[str, str, str], tuple[str, ...]] = {}
+_pins: dict[tuple[str, ...], str] = {}
 
 #: The schemas of the search_path the session started with, whatever it has
 #: been SET to since (a session-level SET left by an earlier borrower of a
@@ -118,22 +120,40 @@ def search_path_sql(using: str) -> str:
     Raises:
         ConfigurationError: the default search_path names no schema that exists.
     """
+    schemas = pinned_schemas(using)
+    pin = _pins.get(schemas)
+    if pin is None:
+        pin = _pins[schemas] = (
+            f"SET LOCAL search_path = {', '.join(_quote(s) for s in schemas)}, pg_temp"
+        )
+    return pin
+
+
+def pinned_schemas(using: str) -> tuple[str, ...]:
+    """The schemas :func:`search_path_sql` pins ``using``'s names to, in order (pg_temp aside).
+
+    For the few statements that must name a schema rather than search one
+    (the catalog queries of :mod:`tenancy.db`).
+
+    Raises:
+        ConfigurationError: the default search_path names no schema that exists.
+    """
     connection = connections[using]
     key = (using, str(connection.settings_dict.get("NAME")),
            str(connection.settings_dict.get("USER")))
-    pin = _pins.get(key)
-    if pin is None:
-        schemas = [s for s in _default_schemas(connection)
-                   if s != "pg_catalog" and not s.startswith(("pg_temp_", "pg_toast_temp_"))]
+    schemas = _schemas.get(key)
+    if schemas is None:
+        schemas = tuple(
+            s for s in _default_schemas(connection)
+            if s != "pg_catalog" and not s.startswith(("pg_temp_", "pg_toast_temp_"))
+        )
         if not schemas:
             raise ConfigurationError(
                 f"The default search_path of database alias {using!r} names no schema that "
                 "exists: the library's tables cannot be found (docs/roles.md)."
             )
-        pin = _pins[key] = (
-            f"SET LOCAL search_path = {', '.join(_quote(s) for s in schemas)}, pg_temp"
-        )
-    return pin
+        _schemas[key] = schemas
+    return schemas
 
 
 def execute_pinned(cursor: Any, using: str, sql: str, params: Any = None) -> None:

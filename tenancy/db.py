@@ -7,6 +7,7 @@ is touched here.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -17,6 +18,9 @@ from django.db.models import Model
 
 from django_idempotency_outbox.errors import ConfigurationError
 from tenancy.exceptions import CrossTenantRefused
+
+#: The library's own apps (their tables' policies come from their migrations).
+LIBRARY_APPS = frozenset({"tenancy", "idempotency", "outbox"})
 
 
 @dataclass(frozen=True)
@@ -33,7 +37,7 @@ class TableFacts:
     rls_enabled: bool
     rls_forced: bool
     policies: int
-    other_policies: int  # policies that compare with neither app.tenant_id nor the function
+    other_policies: int  # permissive policies not exactly as the migrations install them
     setting_policies: int  # policies that read app.tenant_id themselves (forgeable)
     rls_active: bool
 
@@ -56,8 +60,67 @@ def role_facts(using: str) -> RoleFacts:
     return RoleFacts(name, superuser, bypassrls)
 
 
+#: The policy expressions the migrations install, as PostgreSQL prints them
+#: back (``pg_get_expr``), ``{schema}`` standing for the function's schema when
+#: the session's search_path does not show it (then PostgreSQL qualifies the
+#: name). The library's tables and the docs' recommendation for yours compare
+#: with ``tenancy_current_tenant()``; a table of yours may still compare with
+#: the setting itself (the docs' first version), which the plain mode accepts.
+POLICY_EXPRESSIONS = (
+    "(tenant_id = ( SELECT {schema}tenancy_current_tenant() AS tenancy_current_tenant))",
+    "(tenant_id = ( SELECT (NULLIF(current_setting('app.tenant_id'::text, true),"
+    " ''::text))::bigint AS \"nullif\"))",
+)
+
+
+def _normalised(expression: str | None) -> str | None:
+    return None if expression is None else " ".join(expression.split())
+
+
+def isolating_expressions(schema: str, *, library: bool = False) -> frozenset[str]:
+    """The expressions (normalised) a policy of a table in ``schema`` may have: exactly these.
+
+    The library's own tables: the function form only (their migrations install it).
+    """
+    plain = re.fullmatch(r"[a-z_][a-z0-9_$]*", schema)
+    qualified = (schema if plain else '"' + schema.replace('"', '""') + '"') + "."
+    forms = POLICY_EXPRESSIONS[:1] if library else POLICY_EXPRESSIONS
+    return frozenset(
+        " ".join(e.format(schema=prefix).split())
+        for e in forms
+        for prefix in ("", qualified)
+    )
+
+
+def isolating(using_expression: str | None, check_expression: str | None, schema: str, *,
+              library: bool = False) -> bool:
+    """Whether a permissive policy's USING and WITH CHECK are exactly what the migrations install.
+
+    Not a pattern: ``tenant_id = (SELECT tenancy_current_tenant()) OR true``
+    mentions the tenant and lets every row through. WITH CHECK may be absent
+    (PostgreSQL then checks writes with USING).
+    """
+    allowed = isolating_expressions(schema, library=library)
+    qual, check = _normalised(using_expression), _normalised(check_expression)
+    return qual in allowed and (check is None or check in allowed)
+
+
 def table_facts(using: str, tables: list[str]) -> dict[str, TableFacts]:
-    """Catalog facts for ``tables`` that exist in the current schema."""
+    """Catalog facts for ``tables`` that exist in the alias's schema.
+
+    The schema is the first of those the alias's sessions start with
+    (:func:`tenancy.context.pinned_schemas`), not ``current_schema()``: a
+    session's ``search_path`` may have been changed by an earlier borrower of
+    a pooled server session, and ``current_schema()`` of a path that starts
+    with ``pg_temp`` tries to create the temporary schema.
+
+    A permissive policy counts among ``other_policies`` unless its USING and
+    WITH CHECK are exactly those the migrations install (:func:`isolating`);
+    restrictive policies can only narrow what the permissive ones open.
+    """
+    from tenancy.context import pinned_schemas
+
+    schema = pinned_schemas(using)[0]
     with connections[using].cursor() as cursor:
         cursor.execute(
             """
@@ -65,27 +128,36 @@ def table_facts(using: str, tables: list[str]) -> dict[str, TableFacts]:
                    pg_has_role(current_user, c.relowner, 'MEMBER'),
                    c.relrowsecurity,
                    c.relforcerowsecurity,
-                   (SELECT count(*) FROM pg_policy p WHERE p.polrelid = c.oid),
-                   (SELECT count(*) FROM pg_policy p WHERE p.polrelid = c.oid
-                       AND NOT (coalesce(pg_get_expr(p.polqual, p.polrelid), '')
-                                ~ '(app[.]tenant_id|tenancy_current_tenant[(][)])'
-                            AND coalesce(pg_get_expr(p.polwithcheck, p.polrelid),
-                                         pg_get_expr(p.polqual, p.polrelid), '')
-                                ~ '(app[.]tenant_id|tenancy_current_tenant[(][)])')),
-                   (SELECT count(*) FROM pg_policy p WHERE p.polrelid = c.oid
-                       AND (coalesce(pg_get_expr(p.polqual, p.polrelid), '')
-                                LIKE '%%app.tenant_id%%'
-                            OR coalesce(pg_get_expr(p.polwithcheck, p.polrelid), '')
-                                LIKE '%%app.tenant_id%%')),
-                   row_security_active(c.oid)
+                   row_security_active(c.oid),
+                   n.nspname,
+                   coalesce(array_agg(p.polpermissive) FILTER (WHERE p.oid IS NOT NULL), '{}'),
+                   coalesce(array_agg(pg_get_expr(p.polqual, p.polrelid))
+                            FILTER (WHERE p.oid IS NOT NULL), '{}'),
+                   coalesce(array_agg(pg_get_expr(p.polwithcheck, p.polrelid))
+                            FILTER (WHERE p.oid IS NOT NULL), '{}')
               FROM pg_class c
+              JOIN pg_namespace n ON n.oid = c.relnamespace
+              LEFT JOIN pg_policy p ON p.polrelid = c.oid
              WHERE c.relname = ANY(%s)
                AND c.relkind IN ('r', 'p')
-               AND c.relnamespace = current_schema()::regnamespace
+               AND n.nspname = %s
+             GROUP BY c.oid, n.nspname
             """,
-            [tables],
+            [tables, schema],
         )
-        return {row[0]: TableFacts(*row) for row in cursor.fetchall()}
+        rows = cursor.fetchall()
+    library = {m._meta.db_table for m in tenant_isolated_models()
+               if m._meta.app_label in LIBRARY_APPS}
+    facts = {}
+    for name, owned, enabled, forced, active, nspname, permissive, quals, checks in rows:
+        policies = list(zip(permissive, quals, checks, strict=True))
+        other = sum(1 for open_, qual, check in policies
+                    if open_ and not isolating(qual, check, nspname, library=name in library))
+        setting = sum(1 for _, qual, check in policies
+                      if "app.tenant_id" in (qual or "") or "app.tenant_id" in (check or ""))
+        facts[name] = TableFacts(name, owned, enabled, forced, len(policies), other, setting,
+                                 active)
+    return facts
 
 
 _TENANTS = """

@@ -12,6 +12,7 @@ from drf_spectacular.extensions import OpenApiViewExtension
 
 from django_idempotency_outbox.openapi import Answer, ProblemAnswersSchema, replace_schema
 from tenancy.conf import tenancy_settings
+from tenancy.mixins import TenantScopedViewMixin
 
 
 def no_tenant_answer() -> Answer:
@@ -47,7 +48,11 @@ class _MethodOnly:
 class TenantScopedViewExtension(OpenApiViewExtension):  # type: ignore[no-untyped-call]
     """Documents ``TenantScopedViewMixin``'s answers on every view that uses it."""
 
-    target_class = "tenancy.mixins.TenantScopedViewMixin"
+    # The class, not its dotted path: drf-spectacular imports a path on first use,
+    # in whichever request generates a schema first, and two threads doing so at
+    # once (a gthread worker's first concurrent /schema/ requests) overwrite each
+    # other's half-loaded value and answer 500.
+    target_class = TenantScopedViewMixin
     match_subclasses = True
 
     def view_replacement(self) -> type:

@@ -381,3 +381,119 @@ def grant_after_migrate(
     run = apply(using, labels)
     if verbosity >= 1 and run:
         print(f"  Applied {len(run)} privilege statement(s) for {label} (docs/roles.md)")
+
+
+# --- the database: no temporary objects for the app and worker roles --------------------
+#
+# A piece of its own, beside the tables' matrix: privileges on the database,
+# not on a table. PostgreSQL gives every role TEMPORARY on a new database
+# (through PUBLIC). A temporary table lives as long as its server session, and
+# the session's temporary schema is searched first for table names unless
+# search_path names it: left in a pooled server session by one borrower, a
+# temporary table called like one of the library's (or yours) would take its
+# place for the next borrower, another tenant's request. The library pins its
+# own names (tenancy.context.search_path_sql); taking TEMPORARY away from the
+# roles whose sessions serve tenants makes such a table impossible in the first
+# place, for your queries outside tenant_context() too.
+
+#: The kinds whose roles must not create temporary objects.
+NO_TEMPORARY = (APP, WORKER)
+
+
+def database_name() -> str:
+    """The database the roles work in: the app alias's ``NAME``."""
+    return str(settings.DATABASES.get(tenancy_settings.APP_DATABASE, {}).get("NAME") or "")
+
+
+def database_statements(
+    database: str | None = None, roles: dict[str, str] | None = None
+) -> list[str]:
+    """The SQL that takes ``TEMPORARY`` away from the app and worker roles.
+
+    From ``PUBLIC`` (where they have it by default) and from the roles
+    themselves (should it have been granted to them); nothing is granted.
+    Other roles that need temporary tables (a reporting role, say) are
+    given ``TEMPORARY`` by name. Only the database's owner (or a superuser)
+    can run these: ``migrate`` and ``grant_privileges`` do when they connect
+    as it, ``grant_privileges --print`` prints them for whoever does.
+    """
+    names = role_names() if roles is None else roles
+    targets = list(dict.fromkeys(names[k] for k in NO_TEMPORARY if k in names))
+    database = database_name() if database is None else database
+    if not targets or not database:
+        return []
+    on = f"ON DATABASE {quote(database)}"
+    return [
+        f"REVOKE TEMPORARY {on} FROM PUBLIC;",
+        f"REVOKE TEMPORARY {on} FROM {', '.join(quote(r) for r in targets)};",
+    ]
+
+
+def temporary_holders(using: str) -> list[tuple[str, str]]:
+    """``(kind, role)`` of the app and worker roles that can create temporary tables.
+
+    Effective privileges (``has_database_privilege``: granted to the role,
+    to a role it belongs to, or to PUBLIC), in the alias's database. Roles
+    that do not exist are left out.
+    """
+    names = {k: r for k, r in role_names().items() if k in NO_TEMPORARY}
+    if not names:
+        return []
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            "SELECT r.rolname FROM pg_roles r WHERE r.rolname = ANY(%s)"
+            " AND has_database_privilege(r.oid, current_database(), 'TEMPORARY')",
+            [sorted(set(names.values()))],
+        )
+        holding = {row[0] for row in cursor.fetchall()}
+    return [(kind, role) for kind, role in names.items() if role in holding]
+
+
+def owns_database(using: str) -> bool:
+    """Whether ``using``'s role may revoke on its database (its owner, a member of it, or a
+    superuser)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_has_role(current_user, d.datdba, 'USAGE') FROM pg_database d"
+            " WHERE d.datname = current_database()"
+        )
+        row = cursor.fetchone()
+    return bool(row and row[0])
+
+
+def apply_database(using: str) -> list[str] | None:
+    """Take ``TEMPORARY`` away from the app and worker roles in ``using``'s database.
+
+    Returns the statements run (none when no role holds it any more), or
+    None when ``using``'s role may not (not the database's owner): then
+    ``grant_privileges --print`` shows what its owner should run, and check
+    ``tenancy.E030`` reports the roles until it is done.
+    """
+    if not temporary_holders(using):
+        return []
+    if not owns_database(using):
+        return None
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT current_database()")
+        database = cursor.fetchone()[0]
+    run = database_statements(database)
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        for statement in run:
+            cursor.execute(statement)
+    return run
+
+
+def revoke_temporary_after_migrate(
+    sender: object, app_config: object = None, using: str = "default", verbosity: int = 1,
+    **kwargs: object,
+) -> None:
+    """``post_migrate``: apply :func:`apply_database` when migrate ran as the database's owner.
+
+    Connected by ``TenancyConfig.ready()``; runs after the library's apps'
+    migrations (and does nothing once no role holds the privilege).
+    """
+    if getattr(app_config, "label", None) not in MATRIX or using not in settings.DATABASES:
+        return
+    run = apply_database(using)
+    if verbosity >= 2 and run:
+        print("  Took TEMPORARY away from the app and worker roles (docs/roles.md)")

@@ -11,8 +11,10 @@ it. ``make test`` and ``make test-pooled`` both run these tests;
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -26,6 +28,15 @@ from django.conf import settings
 from django.db import connections
 
 PGBOUNCER = "/usr/sbin/pgbouncer"
+
+
+def _die_with_parent() -> None:
+    """In the child, before pgbouncer starts: SIGTERM it when the tests' process dies.
+
+    A test run killed outright runs no ``finally``; the pooler must not outlive it.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _free_port() -> int:
@@ -135,7 +146,8 @@ logfile = {workdir}/pgbouncer.log
         {"user": "postgres", "group": "postgres", "extra_groups": []} if root else {}
     )
     process = subprocess.Popen([PGBOUNCER, str(workdir / "pgbouncer.ini")], cwd="/",
-                               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, **account)
+                               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                               preexec_fn=_die_with_parent, **account)
     pooler = Pooler(port)
     try:
         deadline = time.monotonic() + 10

@@ -2,7 +2,16 @@
 
 Merchants and memberships are global (they are how a request finds its
 tenant); everything else carries ``tenant_id`` and a row-level security
-policy (shop/sql/0002_row_level_security.sql).
+policy (shop/sql/0002_row_level_security.sql), as docs/roles.md recommends
+for a project's tenant tables: ``tenant_id`` leads every key and index in the
+database (the primary keys are ``(tenant_id, id)``), and a row refers to
+another only within its tenant, by a composite foreign key
+(shop/sql/0003_tenant_keys.sql). Django still knows each table's key as
+``id``: the ids come from one identity per table, so ``id`` alone names a row,
+and under row-level security a query sees its own tenant's rows only. The
+foreign keys Django would make on ``id`` alone are off (``db_constraint=False``):
+checked across tenants (PostgreSQL checks foreign keys without row-level
+security), they would let a tenant refer to, and find out about, another's rows.
 """
 
 from django.conf import settings
@@ -50,7 +59,9 @@ class Order(models.Model):
     tenant_isolated = True
 
     tenant_id = models.BigIntegerField()
-    product = models.ForeignKey(Product, on_delete=models.PROTECT)
+    # (tenant_id, product_id) refers to shop_product (tenant_id, id)
+    product = models.ForeignKey(Product, on_delete=models.PROTECT, db_constraint=False,
+                                db_index=False)
     quantity = models.PositiveIntegerField()
     total_cents = models.PositiveIntegerField()
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.CREATED)
@@ -58,7 +69,10 @@ class Order(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        indexes = [models.Index(fields=["tenant_id", "created_at"], name="shop_order_created")]
+        indexes = [
+            models.Index(fields=["tenant_id", "created_at"], name="shop_order_created"),
+            models.Index(fields=["tenant_id", "product"], name="shop_order_product"),
+        ]
 
     def __str__(self) -> str:
         return f"order {self.pk}"
@@ -68,9 +82,16 @@ class Payment(models.Model):
     tenant_isolated = True
 
     tenant_id = models.BigIntegerField()
-    order = models.OneToOneField(Order, on_delete=models.PROTECT)
+    # (tenant_id, order_id) refers to shop_order (tenant_id, id); one payment per order
+    order = models.ForeignKey(Order, on_delete=models.PROTECT, db_constraint=False,
+                              db_index=False)
     amount_cents = models.PositiveIntegerField()
     charge_id = models.CharField(max_length=50, blank=True, default="")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant_id", "order"], name="shop_payment_order")
+        ]
 
     def __str__(self) -> str:
         return f"payment {self.pk}"

@@ -103,3 +103,65 @@ def test_every_process_of_the_demo_is_started_again_when_it_dies(demo):
     for name in ("relay", "consumers", "beat"):
         assert f"{name} (pid {before[name]}) exited (SIGKILL)" in log
         assert f"{name} started again as pid {after[name]}" in log
+
+
+def _environment(run_dir) -> dict[str, str]:
+    return {
+        name.removeprefix("export "): value
+        for name, _, value in (line.partition("=") for line in
+                               (run_dir / "env").read_text().splitlines())
+    }
+
+
+def test_slow_request_bodies_wait_in_nginx_not_in_the_web_server(demo):
+    import select
+    import socket
+    from urllib.parse import urlsplit
+
+    import requests
+
+    run_dir, _ = demo
+    base = _environment(run_dir)["DEMO_BASE_URL"]
+    address = urlsplit(base)
+    access_log = ROOT / ".run" / "nginx" / "access.log"
+    logged_before = access_log.read_bytes().count(b'"POST /orders/ HTTP/1.1" 408 ')
+    # Sixteen clients (twice the web server's threads: 2 workers x 4) send their
+    # headers and the first byte of a body, then nothing.
+    stalled = []
+    for _ in range(16):
+        client = socket.create_connection((address.hostname, address.port), timeout=30)
+        client.sendall(b"POST /orders/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                       b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{")
+        stalled.append(client)
+    try:
+        # Another client is answered meanwhile...
+        assert requests.get(base + "/schema/", timeout=20).status_code == 200
+        # ...while no stalled one has an answer yet; then nginx hangs up on each, once
+        # client_body_timeout has passed, and logs it as 408 (the web server never saw them).
+        assert select.select(stalled, [], [], 0)[0] == []
+        for client in stalled:
+            assert client.recv(200) == b""
+    finally:
+        for client in stalled:
+            client.close()
+    logged = access_log.read_bytes().count(b'"POST /orders/ HTTP/1.1" 408 ') - logged_before
+    assert logged == 16
+
+
+def test_the_demos_roles_have_statement_and_idle_in_transaction_timeouts(demo):
+    import psycopg
+
+    run_dir, _ = demo
+    environment = _environment(run_dir)
+    expected = {"DATABASE_URL": ("5s", "15s"), "WORKER_DATABASE_URL": ("30s", "1min"),
+                "SYSTEM_DATABASE_URL": ("1min", "1min")}
+    for variable, timeouts in expected.items():
+        with psycopg.connect(environment[variable], autocommit=True,
+                             prepare_threshold=None) as conn:
+            shown = tuple(conn.execute(f"SHOW {name}").fetchone()[0] for name in
+                          ("statement_timeout", "idle_in_transaction_session_timeout"))
+            assert shown == timeouts, variable
+    with psycopg.connect(environment["DATABASE_URL"], autocommit=True,
+                         prepare_threshold=None) as web:  # through the demo's pgbouncer
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            web.execute("SELECT pg_sleep(6)")

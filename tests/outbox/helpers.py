@@ -174,6 +174,45 @@ def terminate_backends(application_name: str) -> int:
         ).fetchall())
 
 
+def pooled(*aliases: str) -> bool:
+    """Whether ``DIO_POOLED`` puts one of ``aliases`` behind pgbouncer."""
+    return bool(set(aliases) & set(getattr(django_settings, "POOLED_ALIASES", ())))
+
+
+def cut_sessions(application_name: str, aliases: Iterable[str]) -> bool:
+    """Cut the database sessions of one process, as a restart would: True once done.
+
+    Direct sessions: that process's backends (by ``application_name``), if it
+    has any just now. Behind pgbouncer, its clients are pgbouncer's, and
+    pgbouncer 1.18 cannot cut one client: its admin console cuts every client
+    of the test database (``KILL``, then ``RESUME``, tests/dbsetup.py), this
+    process's own connections included, which are closed here.
+    """
+    if not pooled(*aliases):
+        return terminate_backends(application_name) > 0
+    from django.db import connections
+
+    from tests.dbsetup import pooler_paused
+
+    with pooler_paused(django_settings.DATABASES["owner"]["NAME"]):
+        pass
+    connections.close_all()
+    return True
+
+
+def pooler_clients(application_name: str) -> int:
+    """How many clients pgbouncer has that call themselves ``application_name``."""
+    owner = django_settings.DATABASES["owner"]
+    with psycopg.connect(host="127.0.0.1", port=os.environ["DIO_PGBOUNCER_PORT"],
+                         user=owner["USER"], password=owner["PASSWORD"], dbname="pgbouncer",
+                         autocommit=True) as admin:
+        cursor = admin.execute("SHOW CLIENTS")
+        names = [column.name for column in cursor.description or ()]
+        return sum(1 for row in cursor.fetchall()
+                   if dict(zip(names, row, strict=True)).get("application_name")
+                   == application_name)
+
+
 #: The environment of a subprocess that runs the outbox's commands: the
 #: outbox overlay (tests/outbox/settings.py) on this run's own settings module.
 SUBPROCESS_SETTINGS = {

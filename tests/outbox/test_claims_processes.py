@@ -13,7 +13,6 @@ import signal
 import uuid
 from pathlib import Path
 
-import pytest
 from django.test import Client
 
 from tests.helpers import count_rows, observer
@@ -124,7 +123,6 @@ def test_the_documented_schedule_names_five_tasks():
     ]
 
 
-@pytest.mark.direct_sessions("system", reason="the key reaper's lock is a session advisory lock")
 def test_every_task_of_the_documented_beat_schedule_runs_in_a_real_worker(tmp_path, settings):
     from tests.outbox.celery_app import app
 

@@ -69,11 +69,6 @@ def relay_once(tmp_path, env: dict[str, str], expected: int, name: str = "relay"
 # --- scenario (b): the database goes away while the worker runs receivers ------
 
 
-@pytest.mark.direct_sessions(
-    "default",
-    reason="the outage is a refused login; pgbouncer holds a client while it retries the "
-    "server login (server_login_retry, query_wait_timeout) instead of passing the error on",
-)
 def test_receivers_that_meet_a_database_outage_retry_and_every_effect_happens_once(
     tmp_path, queue
 ):

@@ -15,18 +15,21 @@ import pytest
 import redis
 from django.conf import settings as django_settings
 
+from tenancy.aliases import system_alias, worker_alias
 from tests.helpers import count_rows
 from tests.outbox.consumers import SlowRecorder
 from tests.outbox.helpers import (
     SUBPROCESS_SETTINGS,
     Process,
+    cut_sessions,
     drain,
     effects,
     offset,
     orders_by_key,
+    pooled,
+    pooler_clients,
     publish_many,
     queue_length,
-    terminate_backends,
     wait_for,
 )
 
@@ -97,10 +100,25 @@ def test_two_consumer_processes_share_partitions_once_each_in_key_order(tmp_path
     assert all(counts), counts  # both processes did share the work
 
 
-@pytest.mark.direct_sessions(
-    reason="it cuts sessions by application_name, a name pgbouncer leaves on pooled server"
-    " connections that other clients (this test's own) go on to use"
-)
+#: The aliases of the loops' sessions (a consumer's batch and reads; a relay's lease and reads).
+LOOP_ALIASES = (worker_alias(), system_alias())
+
+
+def came_back(app_name: str) -> None:
+    """Behind pgbouncer, wait for the loop to be one of its clients again (it reconnected)."""
+    if pooled(*LOOP_ALIASES):
+        wait_for(lambda: pooler_clients(app_name) > 0, "the loop to reconnect")
+
+
+def lost_noticed(output: str) -> None:
+    """Directly, a cut session is an error the loop logs and survives. Behind pgbouncer
+    (persistent connections, health-checked before each use, docs/scaling.md), the loop
+    may replace a connection pgbouncer closed before any statement fails on it: no error
+    to log, and nothing lost either way (the effects are counted after)."""
+    if not pooled(*LOOP_ALIASES):
+        assert "lost the database" in output
+
+
 def test_the_consumer_loop_survives_losing_the_database_and_stops_on_sigterm(tmp_path):
     app_name = f"dio-loop-{uuid.uuid4().hex[:6]}"
     proc = Process.manage(
@@ -114,22 +132,19 @@ def test_the_consumer_loop_survives_losing_the_database_and_stops_on_sigterm(tmp
             ids += publish_many(A, "order.placed", [{"sku": f"r{round_}"}])
             expected = len(ids)
             wait_for(lambda n=expected: len(effects()) == n, f"round {round_} handled")
-            wait_for(lambda: terminate_backends(app_name) > 0, "the loop's sessions to cut")
+            wait_for(lambda: cut_sessions(app_name, LOOP_ALIASES), "the loop's sessions to cut")
+            came_back(app_name)
         ids += publish_many(A, "order.placed", [{"sku": "after"}])
         wait_for(lambda: len(effects()) == len(ids), "the last message handled")
         code = proc.stop()
     finally:
         proc.kill()
     assert code == 0, proc.output[-3000:]
-    assert "lost the database" in proc.output
+    lost_noticed(proc.output)
     assert effects() == {str(i): 1 for i in ids}
     assert handled_count(proc.output) == len(ids)
 
 
-@pytest.mark.direct_sessions(
-    reason="it cuts sessions by application_name, a name pgbouncer leaves on pooled server"
-    " connections that other clients (this test's own) go on to use"
-)
 def test_the_relay_loop_survives_losing_the_database_and_stops_on_sigterm(tmp_path, queue):
     app_name = f"dio-relay-{uuid.uuid4().hex[:6]}"
     proc = Process.manage(
@@ -143,14 +158,15 @@ def test_the_relay_loop_survives_losing_the_database_and_stops_on_sigterm(tmp_pa
             publish_many(A, "order.placed", [{"sku": f"r{round_}"}])
             sent += 1
             wait_for(lambda n=sent: queue_length(queue) == n, f"round {round_} relayed")
-            wait_for(lambda: terminate_backends(app_name) > 0, "the relay's sessions to cut")
+            wait_for(lambda: cut_sessions(app_name, LOOP_ALIASES), "the relay's sessions to cut")
+            came_back(app_name)
         publish_many(A, "order.placed", [{"sku": "after"}])
         wait_for(lambda: queue_length(queue) == sent + 1, "the last message relayed")
         code = proc.stop()
     finally:
         proc.kill()
     assert code == 0, proc.output[-3000:]
-    assert "lost the database" in proc.output
+    lost_noticed(proc.output)
     assert queue_length(queue) == 4  # each once: no batch re-sent after a reconnect
 
 

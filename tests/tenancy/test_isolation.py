@@ -7,12 +7,20 @@ requires every test to fail.
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 from django.db import DatabaseError
 
 from idempotency.models import IdempotencyKey
 from tenancy import tenant_context
-from tests.helpers import app_atomic, app_connection, as_tenant, connect, raises_rls_violation
+from tests.helpers import (
+    app_atomic,
+    app_connection,
+    as_tenant,
+    connect,
+    observer,
+    raises_rls_violation,
+)
 from tests.testapp.models import Order
 
 A, B = 1, 2
@@ -152,3 +160,101 @@ def test_a_nested_context_that_fails_restores_the_outer_tenant(orders):
             with app_connection().cursor() as cursor:
                 cursor.execute("SELECT 1/0")
         assert list(Order.objects.values_list("sku", flat=True)) == ["a-1"]
+
+
+# --- every tenant table, every role the privileges let at it -------------------------------
+
+#: One row of each tenant-isolated table (the library's and the test app's), for a tenant.
+ROWS = {
+    "idempotency_keys": "INSERT INTO idempotency_keys (tenant_id, scope, key, request_hash,"
+    " request_method, request_path, state, status_code, expires_at) VALUES (%(tenant)s, 's',"
+    " %(tag)s, 'h', 'POST', '/', 'completed', 201, now() + interval '1 hour')",
+    "outbox_messages": "INSERT INTO outbox_messages (tenant_id, message_id, topic, payload)"
+    " VALUES (%(tenant)s, gen_random_uuid(), %(tag)s, '{}')",
+    "outbox_consumer_failures": "INSERT INTO outbox_consumer_failures (tenant_id, consumer,"
+    " partition, message_pk, message_id, attempts, error) VALUES (%(tenant)s, %(tag)s, 0, 1,"
+    " gen_random_uuid(), 1, 'e')",
+    "outbox_dead_letters": "INSERT INTO outbox_dead_letters (tenant_id, consumer, message_pk,"
+    " message_id, topic, payload, headers, message_created_at, attempts, error) VALUES"
+    " (%(tenant)s, %(tag)s, 1, gen_random_uuid(), 't', '{}', '{}', now(), 1, 'e')",
+    "outbox_received": "INSERT INTO outbox_received (tenant_id, receiver, message_id) VALUES"
+    " (%(tenant)s, %(tag)s, gen_random_uuid())",
+    "testapp_order": "INSERT INTO testapp_order (tenant_id, sku, quantity, note) VALUES"
+    " (%(tenant)s, %(tag)s, 1, '')",
+    "testapp_payment": "INSERT INTO testapp_payment (tenant_id, order_ref, amount) VALUES"
+    " (%(tenant)s, %(tag)s, 1)",
+}
+
+
+def granted() -> list[tuple[str, str, tuple[str, ...]]]:
+    """(table, kind, privileges) for every tenant table and every RLS-bound role granted on it.
+
+    The system role is left out: it has BYPASSRLS by design (docs/roles.md) and
+    its reach is its privileges, tested in test_privileges.py.
+    """
+    from tenancy.db import tenant_isolated_tables
+    from tenancy.privileges import APP, WORKER, grants, role_names
+
+    kinds = {role: kind for kind, role in role_names().items() if kind in (APP, WORKER)}
+    return sorted(
+        (g.table, kinds[g.role], g.privileges)
+        for g in grants() if g.table in tenant_isolated_tables() and g.role in kinds
+        and g.privileges
+    )
+
+
+@pytest.mark.parametrize(("table", "kind", "privileges"), [
+    pytest.param(table, kind, privileges, id=f"{table}-{kind}")
+    for table, kind, privileges in granted()
+])
+def test_every_tenant_table_is_isolated_for_every_role_granted_on_it(table, kind, privileges):
+    from tenancy.aliases import worker_alias
+
+    with observer() as conn:
+        for tenant in (A, B):
+            conn.execute(ROWS[table], {"tenant": tenant, "tag": f"seed-{tenant}"})
+    alias = app_connection().alias if kind == "app" else worker_alias()
+    with connect(alias) as conn:
+        with as_tenant(conn, None) as cur:  # no tenant: nothing
+            if "SELECT" in privileges:
+                assert cur.execute(f"SELECT count(*) FROM {table}").fetchone() == (0,)
+        if "INSERT" in privileges:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="row-level"):
+                with as_tenant(conn, None) as cur:
+                    cur.execute(ROWS[table], {"tenant": A, "tag": "no-tenant"})
+        with as_tenant(conn, A) as cur:
+            if "SELECT" in privileges:
+                seen = cur.execute(f"SELECT tenant_id FROM {table}").fetchall()
+                assert seen == [(A,)], seen
+                assert cur.execute(f"SELECT count(*) FROM {table} WHERE tenant_id = %s",
+                                   [B]).fetchone() == (0,)
+            if "UPDATE" in privileges:
+                cur.execute(f"UPDATE {table} SET tenant_id = tenant_id WHERE tenant_id = %s", [B])
+                assert cur.rowcount == 0
+            if "DELETE" in privileges:
+                cur.execute(f"DELETE FROM {table} WHERE tenant_id = %s", [B])
+                assert cur.rowcount == 0
+        if "INSERT" in privileges:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="row-level"):
+                with as_tenant(conn, A) as cur:
+                    cur.execute(ROWS[table], {"tenant": B, "tag": "forged"})
+        if "UPDATE" in privileges:  # its own row, moved to the other tenant
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="row-level"):
+                with as_tenant(conn, A) as cur:
+                    cur.execute(f"UPDATE {table} SET tenant_id = %s", [B])
+    with observer() as conn:  # tenant 2's row is untouched, and alone
+        rows = conn.execute(f"SELECT tenant_id, count(*) FROM {table} GROUP BY 1 ORDER BY 1")
+        assert rows.fetchall() == [(A, 1), (B, 1)]
+
+
+@pytest.mark.parametrize("table", sorted(ROWS))
+def test_force_applies_the_policy_to_the_tables_owner_too(table):
+    with observer() as conn:
+        for tenant in (A, B):
+            conn.execute(ROWS[table], {"tenant": tenant, "tag": f"seed-{tenant}"})
+    with connect("owner") as conn:
+        with as_tenant(conn, A) as cur:
+            assert cur.execute(f"SELECT tenant_id FROM {table}").fetchall() == [(A,)]
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="row-level"):
+            with as_tenant(conn, A) as cur:
+                cur.execute(ROWS[table], {"tenant": B, "tag": "forged"})

@@ -75,7 +75,12 @@ def temporary_allowed() -> Iterator[None]:
 
 
 class Direct:
-    """The earlier borrower ran on the very connection Django goes on using."""
+    """The earlier borrower ran on the very connection Django goes on using.
+
+    A direct session to PostgreSQL, kept across requests (``CONN_MAX_AGE``),
+    even when ``DIO_POOLED`` puts the alias behind pgbouncer: what it holds
+    ends with it.
+    """
 
     name = "direct"
 
@@ -86,17 +91,21 @@ class Direct:
 
     @contextlib.contextmanager
     def routed(self, *aliases: str) -> Iterator[None]:
+        direct = settings.DATABASES["owner"]  # never pooled
         saved = {}
         for alias in aliases:
-            connections[alias].close()
-            saved[alias] = connections[alias].settings_dict["CONN_MAX_AGE"]
-            connections[alias].settings_dict["CONN_MAX_AGE"] = None  # kept across requests
+            connection = connections[alias]
+            connection.close()
+            saved[alias] = {key: connection.settings_dict[key]
+                            for key in ("CONN_MAX_AGE", "HOST", "PORT")}
+            connection.settings_dict.update(CONN_MAX_AGE=None, HOST=direct["HOST"],
+                                            PORT=direct["PORT"])
         try:
             yield
         finally:
-            for alias, age in saved.items():
+            for alias, values in saved.items():
                 connections[alias].close()
-                connections[alias].settings_dict["CONN_MAX_AGE"] = age
+                connections[alias].settings_dict.update(values)
 
 
 @pytest.fixture(params=["direct", "pgbouncer"])
@@ -183,10 +192,10 @@ def test_a_consumer_batch_locks_and_advances_its_own_offset_row(route, search_pa
 
 
 def test_the_pinned_path_is_the_one_sessions_start_with_not_what_they_were_set_to():
-    from tenancy.context import _pins, search_path_sql
+    from tenancy.context import _schemas, search_path_sql
 
     app = app_alias()
     with Direct().routed(app):
         Direct().leave(app, "SET search_path = pg_temp, pg_catalog")
-        _pins.clear()  # derived again, on this session
+        _schemas.clear()  # derived again, on this session
         assert search_path_sql(app) == 'SET LOCAL search_path = "public", pg_temp'

@@ -38,15 +38,21 @@ def test_owner_is_a_different_role():
     assert table_facts("owner", ["idempotency_keys"])["idempotency_keys"].owned_by_current_role
 
 
-def test_every_tenant_table_has_rls_enabled_forced_and_a_policy_on_the_guc():
+#: The policy expression every tenant-isolated table of the library and the test app has,
+#: as PostgreSQL prints it back: what their migrations install, and nothing else.
+INSTALLED = "(tenant_id = ( SELECT tenancy_current_tenant() AS tenancy_current_tenant))"
+
+
+def test_every_tenant_table_has_rls_enabled_forced_and_exactly_the_installed_policy():
     tables = tenant_isolated_tables()
-    assert "idempotency_keys" in tables
+    assert {"idempotency_keys", "outbox_received", "testapp_order"} <= set(tables)
     with app_connection().cursor() as cursor:
         cursor.execute(
             """
             SELECT c.relname, c.relrowsecurity, c.relforcerowsecurity,
-                   array_agg(pg_get_expr(p.polqual, p.polrelid)),
-                   array_agg(pg_get_expr(p.polwithcheck, p.polrelid))
+                   array_agg(ROW(p.polname, p.polpermissive, p.polcmd, p.polroles::text,
+                                 pg_get_expr(p.polqual, p.polrelid),
+                                 pg_get_expr(p.polwithcheck, p.polrelid))::text)
               FROM pg_class c JOIN pg_policy p ON p.polrelid = c.oid
              WHERE c.relname = ANY(%s)
              GROUP BY c.relname, c.relrowsecurity, c.relforcerowsecurity
@@ -55,12 +61,42 @@ def test_every_tenant_table_has_rls_enabled_forced_and_a_policy_on_the_guc():
         )
         rows = {r[0]: r[1:] for r in cursor.fetchall()}
     assert set(rows) == set(tables), "every tenant-isolated table has a policy"
-    for table, (enabled, forced, quals, checks_) in rows.items():
-        assert enabled and forced, table
-        # tenancy_current_tenant(): app.tenant_id in the plain mode, a verified
-        # token in the verified one (docs/roles.md).
-        assert all("tenancy_current_tenant()" in q for q in quals), (table, quals)
-        assert all(c and "tenancy_current_tenant()" in c for c in checks_), (table, checks_)
+    with app_connection().cursor() as cursor:
+        for table, (enabled, forced, policies) in rows.items():
+            assert enabled and forced, table
+            # One policy, for every command and role, permissive, with exactly the
+            # expression in USING and WITH CHECK (tenancy_current_tenant(): app.tenant_id in
+            # the plain mode, a verified token in the verified one, docs/roles.md).
+            cursor.execute("SELECT ROW(%s, true, '*', '{0}', %s, %s)::text",
+                           [f"{table}_tenant_isolation", INSTALLED, INSTALLED])
+            assert policies == [cursor.fetchone()[0]], (table, policies)
+
+
+def test_every_tenant_table_and_role_is_in_the_isolation_test():
+    # tests/tenancy/test_isolation.py runs each table with each RLS-bound role granted on it.
+    from tests.tenancy.test_isolation import ROWS, granted
+
+    assert set(ROWS) == set(tenant_isolated_tables())
+    assert {table for table, _, _ in granted()} == set(ROWS)
+    assert {kind for _, kind, _ in granted()} == {"app", "worker"}
+
+
+def test_the_check_accepts_only_the_installed_expression():
+    from tenancy.db import isolating
+
+    assert isolating(INSTALLED, INSTALLED, "public", library=True)
+    assert isolating(INSTALLED, None, "public", library=True)  # WITH CHECK falls back to USING
+    assert isolating("(tenant_id = ( SELECT public.tenancy_current_tenant() AS"
+                     " tenancy_current_tenant))", None, "public", library=True)
+    for opened in ("true", f"({INSTALLED} OR true)", "(tenant_id = tenant_id)",
+                   "(tenant_id = ( SELECT evil.tenancy_current_tenant() AS"
+                   " tenancy_current_tenant))"):
+        assert not isolating(opened, INSTALLED, "public"), opened
+        assert not isolating(INSTALLED, opened, "public"), opened
+    setting = ("(tenant_id = ( SELECT (NULLIF(current_setting('app.tenant_id'::text, true),"
+               " ''::text))::bigint AS \"nullif\"))")
+    assert isolating(setting, setting, "public")  # a table of yours, the docs' first policy
+    assert not isolating(setting, setting, "public", library=True)
 
 
 def test_system_checks_pass_for_the_real_roles():
@@ -97,6 +133,27 @@ def test_system_checks_refuse_a_policy_that_does_not_compare_with_the_tenant():
     finally:
         with connections["owner"].cursor() as cursor:
             cursor.execute("DROP POLICY wide_open ON idempotency_keys")
+    assert not any(m.id == "tenancy.E014" for m in checks.run_checks(databases=[app_alias()]))
+
+
+@pytest.mark.parametrize("widened", [
+    "USING ((tenant_id = (SELECT tenancy_current_tenant())) OR true)",
+    "WITH CHECK ((tenant_id = (SELECT tenancy_current_tenant())) OR true)",
+])
+def test_the_check_reports_a_policy_widened_with_or_true_on_outbox_received(widened):
+    installed = "(tenant_id = (SELECT tenancy_current_tenant()))"
+    with connections["owner"].cursor() as cursor:
+        cursor.execute("ALTER POLICY outbox_received_tenant_isolation ON outbox_received "
+                       + widened)
+    try:
+        messages = [m for m in checks.run_checks(databases=[app_alias()])
+                    if m.id == "tenancy.E014"]
+    finally:
+        with connections["owner"].cursor() as cursor:
+            cursor.execute("ALTER POLICY outbox_received_tenant_isolation ON outbox_received"
+                           f" USING {installed} WITH CHECK {installed}")
+    assert [m.msg.split()[1] for m in messages] == ["outbox_received"]
+    assert messages[0].hint == "Run the library's migrations; never edit their SQL."
     assert not any(m.id == "tenancy.E014" for m in checks.run_checks(databases=[app_alias()]))
 
 

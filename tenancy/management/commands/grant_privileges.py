@@ -11,7 +11,8 @@ class Command(BaseCommand):
     help = (
         "Apply the library's privileges (tenancy.privileges.MATRIX) to the app, worker and "
         "system roles, as the tables' owner: REVOKE what the matrix does not give, then GRANT "
-        "what it does. migrate run as the owner does the same; --print shows the SQL."
+        "what it does; and take TEMPORARY on the database away from the app and worker roles "
+        "(as the database's owner). migrate run as the owner does the same; --print shows the SQL."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -30,6 +31,9 @@ class Command(BaseCommand):
         if options["print_only"]:
             for line in privileges.statements():
                 self.stdout.write(line)
+            # the database's privileges: its owner runs these (docs/roles.md)
+            for line in privileges.database_statements():
+                self.stdout.write(line)
             return
         alias = options["database"]
         if alias not in settings.DATABASES:
@@ -45,8 +49,15 @@ class Command(BaseCommand):
                     "tables (or they are not migrated yet): only the owner can grant them"
                 )
             run = privileges.apply(alias)
+            database = privileges.apply_database(alias)
         except DatabaseError as exc:
             raise CommandError(f"could not grant: {str(exc).strip()}") from exc
-        self.stdout.write(f"applied {len(run)} statement(s) on {alias!r}")
+        self.stdout.write(f"applied {len(run) + len(database or ())} statement(s) on {alias!r}")
+        if database is None:
+            self.stdout.write(
+                f"{alias!r} does not connect as the database's owner, so the app and worker "
+                "roles keep TEMPORARY; its owner should run: "
+                + " ".join(privileges.database_statements())
+            )
         for kind in missing:
             self.stdout.write(f"no {kind} role configured: its grants were left out")
