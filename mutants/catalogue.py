@@ -321,6 +321,16 @@ CATALOGUE: list[Mutant] = [
         "   FOR UPDATE\n",
         (OUTBOX + "test_consumers.py", OUTBOX + "test_failover.py"),
     ),
+    mutant(
+        "store.lease-unpinned", "outbox.store",
+        "a search_path a worker-role borrower leaves in a pooled session stops no relay",
+        "outbox/store.py",
+        "        execute_pinned(cursor, using, _CLAIM_LEASE, [owner, seconds, name, owner])\n"
+        "        row = cursor.fetchone()\n        if row is None:",
+        "        cursor.execute(_CLAIM_LEASE, [owner, seconds, name, owner])\n"
+        "        row = cursor.fetchone()\n        if row is None:",
+        ("tests/test_session_state.py",),
+    ),
     # --- outbox: the fence per tenant (SQL; the harness migrates the scratch copy) -----------
     mutant(
         "fence.open-publisher-passed", "outbox.fence",

@@ -403,12 +403,16 @@ def _read(
 # -- consumer offsets ---------------------------------------------------------
 
 
+# Hand-written: on the worker alias outside any transaction of the library's,
+# so its names are pinned (tenancy.context.execute_pinned).
+_PARTITION_COUNTS = "SELECT DISTINCT partition_count FROM consumer_offsets WHERE name = %s"
+
+
 def partition_counts(using: str, name: str) -> set[int]:
     """The partition counts of the offset rows named ``name`` (empty: none yet)."""
-    from outbox.models import ConsumerOffset
-
-    rows = ConsumerOffset.objects.using(using).filter(name=name)
-    return set(rows.values_list("partition_count", flat=True).distinct())
+    with connections[using].cursor() as cursor:
+        execute_pinned(cursor, using, _PARTITION_COUNTS, [name])
+        return {int(row[0]) for row in cursor.fetchall()}
 
 
 # Hand-written: every partition in one statement, and the row count says how
@@ -427,7 +431,7 @@ def create_offsets(using: str, name: str, partitions: int) -> int:
         How many rows were created.
     """
     with connections[using].cursor() as cursor:
-        cursor.execute(_CREATE_OFFSETS, [name, partitions, partitions])
+        execute_pinned(cursor, using, _CREATE_OFFSETS, [name, partitions, partitions])
         return int(cursor.rowcount)
 
 
@@ -592,6 +596,13 @@ UPDATE consumer_offsets
 """
 
 
+# Hand-written: the lease given up, pinned as every statement of the relay's lease.
+_RELEASE_LEASE = """
+UPDATE consumer_offsets SET lease_until = NULL, lease_owner = ''
+ WHERE name = %s AND partition = 0 AND lease_owner = %s
+"""
+
+
 def claim_lease(using: str, name: str, owner: str, seconds: float) -> Position | None:
     """Take or renew the lease on the offset row ``name`` for ``seconds``.
 
@@ -602,12 +613,12 @@ def claim_lease(using: str, name: str, owner: str, seconds: float) -> Position |
         The row's position, or None while another owner's lease runs.
     """
     with connections[using].cursor() as cursor:
-        cursor.execute(_CLAIM_LEASE, [owner, seconds, name, owner])
+        execute_pinned(cursor, using, _CLAIM_LEASE, [owner, seconds, name, owner])
         row = cursor.fetchone()
         if row is None:
-            cursor.execute(_CREATE_OFFSETS, [name, 1, 1])
+            execute_pinned(cursor, using, _CREATE_OFFSETS, [name, 1, 1])
             if cursor.rowcount:
-                cursor.execute(_CLAIM_LEASE, [owner, seconds, name, owner])
+                execute_pinned(cursor, using, _CLAIM_LEASE, [owner, seconds, name, owner])
                 row = cursor.fetchone()
     if row is None:
         return None
@@ -621,7 +632,7 @@ def renew_lease(using: str, name: str, owner: str, seconds: float) -> bool:
         False when the lease is no longer ``owner``'s (another relay took it).
     """
     with connections[using].cursor() as cursor:
-        cursor.execute(_RENEW_LEASE, [seconds, name, owner])
+        execute_pinned(cursor, using, _RENEW_LEASE, [seconds, name, owner])
         return int(cursor.rowcount) == 1
 
 
@@ -634,7 +645,7 @@ def advance_leased(
         False when the row was not at ``expected`` or the lease is another's.
     """
     with connections[using].cursor() as cursor:
-        cursor.execute(_ADVANCE_LEASED, [
+        execute_pinned(cursor, using, _ADVANCE_LEASED, [
             position.last, position.json(), name, expected.last, expected.json(), owner,
         ])
         return int(cursor.rowcount) == 1
@@ -642,11 +653,8 @@ def advance_leased(
 
 def release_lease(using: str, name: str, owner: str) -> None:
     """Give up ``owner``'s lease on the offset row ``name`` (nothing if it is not ``owner``'s)."""
-    from outbox.models import ConsumerOffset
-
-    ConsumerOffset.objects.using(using).filter(
-        name=name, partition=0, lease_owner=owner
-    ).update(lease_until=None, lease_owner="")
+    with connections[using].cursor() as cursor:
+        execute_pinned(cursor, using, _RELEASE_LEASE, [name, owner])
 
 
 # -- rewinding the relay ------------------------------------------------------
@@ -766,7 +774,7 @@ def set_relay_position(using: str, name: str, position: int) -> bool:
         False when the row does not exist or is not after ``position``.
     """
     with connections[using].cursor() as cursor:
-        cursor.execute(_SET_RELAY_POSITION, [position, position, name, position])
+        execute_pinned(cursor, using, _SET_RELAY_POSITION, [position, position, name, position])
         return int(cursor.rowcount) == 1
 
 

@@ -177,6 +177,34 @@ def test_session_settings_left_behind_change_nothing_for_the_next_tenant(pooler,
         assert outside_any_context == 1
 
 
+def test_an_empty_search_path_left_in_a_worker_session_stops_no_consumer_or_relay(
+    pooler, alices_order
+):
+    """A worker-role borrower (a consumer handler's SQL, say) empties its session's
+    search_path: the library's own statements on the worker alias name their schema
+    themselves (pinned), so the next borrower's batches, relay rounds and leases work."""
+    worker = worker_alias()
+    pooler.leave(worker, "SET search_path = ''")
+    with pooler.routed(worker):
+        with pooler.connect(worker) as conn:  # the setting is there, in the one session
+            assert conn.execute("SHOW search_path").fetchone() == ('""',)
+        with tenant_context(B):
+            publish("order.placed", {"sku": "after"})
+        consumer = OrderRecorder()
+        ensure_offsets(consumer)
+        assert run_batch(consumer).handled == 1
+        memory = InMemoryTransport()
+        relay = Relay(memory, name="empty-path")
+        try:
+            relay.drain()
+        finally:
+            relay.release()
+        assert len(memory.sent) == 1
+    with observer() as conn:
+        assert conn.execute("SELECT lease_owner FROM consumer_offsets"
+                            " WHERE name = 'relay:empty-path'").fetchone() == ("",)
+
+
 def test_prepared_statements_left_behind_are_never_run(pooler, alices_order):
     app = app_alias()
     pooler.leave(

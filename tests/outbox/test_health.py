@@ -132,7 +132,8 @@ def test_a_reader_that_never_ran_is_unhealthy(relay):
 def test_an_unreachable_database_is_one_line_and_exit_1():
     done = subprocess.run(
         [sys.executable, "manage.py", "outbox_health"], cwd=ROOT, capture_output=True, text=True,
-        timeout=60, env={**__import__("os").environ, "DIO_PGPORT": "1", "DIO_PGHOST": "127.0.0.1",
+        timeout=60, env={**__import__("os").environ, "DIO_PGPORT": "1", "DIO_PGBOUNCER_PORT": "1",
+                         "DIO_PGHOST": "127.0.0.1",
                          "DIO_PGSOCKET": ""},
     )
     assert done.returncode == 1
