@@ -50,7 +50,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 test: $(STAMP)
-	@scripts/services run pg redis -- $(BIN)/python -m pytest $(PYTEST_ARGS)
+	@scripts/services run pg redis rabbitmq -- $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The app alias only. DIO_POOLED=app,system pools the system alias too (the
 # key reaper's lease row works there: tests/idempotency/test_reaper.py passes),
@@ -58,7 +58,7 @@ test: $(STAMP)
 # pgbouncer's pool into server_login_retry and the later outbox tests lose
 # their persistent system connections: not fixed yet.
 test-pooled: $(STAMP)
-	@DIO_POOLED=app scripts/services run pg redis pgbouncer -- \
+	@DIO_POOLED=app scripts/services run pg redis rabbitmq pgbouncer -- \
 		$(BIN)/python -m pytest tests/idempotency tests/tenancy tests/outbox $(PYTEST_ARGS)
 
 # The tenancy, idempotency and outbox suites again, with the app alias named "app" and the
@@ -66,7 +66,7 @@ test-pooled: $(STAMP)
 .PHONY: test-app-alias
 test-app-alias: $(STAMP)
 	@DJANGO_SETTINGS_MODULE=tests.settings_app_alias \
-		scripts/services run pg redis -- $(BIN)/python -m pytest tests/tenancy tests/idempotency tests/outbox $(PYTEST_ARGS)
+		scripts/services run pg redis rabbitmq -- $(BIN)/python -m pytest tests/tenancy tests/idempotency tests/outbox $(PYTEST_ARGS)
 
 # The version matrix (tox.ini): the tests that pin other projects' behaviour, and the
 # contract, on the oldest and on the newest Django 5.2.x, DRF, psycopg 3.x and Celery/kombu
@@ -83,13 +83,13 @@ $(TOX_STAMP): $(STAMP)
 .PHONY: test-verified
 test-verified: $(STAMP)
 	@DIO_VERIFIED_CONTEXT=1 \
-		scripts/services run pg redis -- $(BIN)/python -m pytest tests/tenancy tests/idempotency tests/outbox $(PYTEST_ARGS)
+		scripts/services run pg redis rabbitmq -- $(BIN)/python -m pytest tests/tenancy tests/idempotency tests/outbox $(PYTEST_ARGS)
 
 bench-idempotency: $(STAMP)
 	@scripts/services run pg -- $(BIN)/python bench/bench_idempotency.py $(BENCH_ARGS)
 
 bench-outbox: $(STAMP)
-	@scripts/services run pg redis -- $(BIN)/python bench/bench_outbox.py $(BENCH_ARGS)
+	@scripts/services run pg redis rabbitmq -- $(BIN)/python bench/bench_outbox.py $(BENCH_ARGS)
 
 bench-reaper: $(STAMP)
 	@scripts/services run pg -- $(BIN)/python bench/bench_reaper.py $(BENCH_ARGS)
@@ -110,7 +110,7 @@ demo-stop:
 # Not part of `make test`: each mutant runs its named tests (docs/contributing.md).
 .PHONY: mutants
 mutants: $(STAMP)
-	@scripts/services run pg redis -- $(BIN)/python -m mutants.run $(MUTANTS_ARGS)
+	@scripts/services run pg redis rabbitmq -- $(BIN)/python -m mutants.run $(MUTANTS_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check idempotency tenancy outbox django_idempotency_outbox tests bench mutants
