@@ -39,6 +39,7 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 from django.db import DatabaseError
+from django.utils.module_loading import import_string
 
 from outbox import store
 from outbox.conf import outbox_settings
@@ -134,12 +135,8 @@ def check_relay_broker(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
     """``outbox.E110``-``E112``: RabbitMQ must confirm, keep its queues and persist messages."""
     from outbox.transports import CeleryTransport
 
-    try:
-        transport = outbox_settings.TRANSPORT
-    except Exception:  # a bad setting is reported by the settings check
-        return []
-    kind = transport if isinstance(transport, type) else type(transport)
-    if not (isinstance(kind, type) and issubclass(kind, CeleryTransport)):
+    kind = _transport_class()
+    if kind is None or not issubclass(kind, CeleryTransport):
         return []
     try:
         from outbox import celery as outbox_celery
@@ -159,12 +156,8 @@ def check_tasks_transport(app_configs: Any = None, **kwargs: Any) -> list[checks
     """``outbox.E120``/``W121``: the Django Tasks backend the relay enqueues to."""
     from outbox.transports import get_transport
 
-    try:
-        transport = outbox_settings.TRANSPORT
-    except Exception:
-        return []
-    kind = transport if isinstance(transport, type) else type(transport)
-    if not (isinstance(kind, type) and kind.__module__ == "outbox.django_tasks"):
+    kind = _transport_class()
+    if kind is None or kind.__module__ != "outbox.django_tasks":
         return []
     try:
         return list(get_transport().check())  # type: ignore[attr-defined]
@@ -176,3 +169,14 @@ def check_tasks_transport(app_configs: Any = None, **kwargs: Any) -> list[checks
             "(docs/django-tasks.md).",
             id="outbox.E120",
         )]
+
+
+def _transport_class() -> type | None:
+    """The class of ``OUTBOX["TRANSPORT"]``, or None when it cannot be had."""
+    try:
+        value = outbox_settings.TRANSPORT
+        if isinstance(value, str):
+            value = import_string(value)
+    except Exception:  # a bad setting is reported by the settings check or the relay
+        return None
+    return value if isinstance(value, type) else type(value)
