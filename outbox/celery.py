@@ -36,28 +36,22 @@ the app's defaults::
 from __future__ import annotations
 
 import logging
-import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 from urllib.parse import urlsplit
 
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
 from celery.signals import worker_ready
-from django.db import transaction
-from django.utils import timezone
 from django.utils.module_loading import import_string
 from kombu.utils.url import maybe_sanitize_url
 
-from django_idempotency_outbox import metrics
-from django_idempotency_outbox.durations import backoff
-from outbox import signing, store
+from outbox import signing
 from outbox.conf import outbox_settings
 from outbox.exceptions import BadSignature
+from outbox.receivers import park, retry_pause
 from outbox.stream import Message
-from tenancy import tenant_context
-from tenancy.aliases import app_alias
 
 if TYPE_CHECKING:  # Task is generic in celery-types; older Celery's Task takes no subscript
     from celery import Celery
@@ -177,8 +171,7 @@ def deliver(task: Task[..., Any], envelope: Any, handle: Callable[[Message], T],
 
 
 def _pause(attempt: int) -> float:
-    s = outbox_settings
-    return backoff(attempt, s.RECEIVER_RETRY_BACKOFF, s.RECEIVER_RETRY_BACKOFF_MAX)
+    return retry_pause(attempt)
 
 
 def _retry(task: Task[..., Any], exc: Exception, pause: float) -> NoReturn:
@@ -197,15 +190,7 @@ def _retry(task: Task[..., Any], exc: Exception, pause: float) -> NoReturn:
 
 def _park(task: Task[..., Any], message: Message, attempts: int, exc: Exception,
           using: str | None) -> None:
-    alias = app_alias(using)
-    consumer = dead_letter_name(task.name)
-    if message.created_at is None:
-        message = replace(message, created_at=timezone.now())
-    error = "".join(traceback.format_exception(exc)).strip()
-    with tenant_context(message.tenant_id, using=alias):
-        if not store.is_parked(alias, consumer, message.message_id):
-            store.park(alias, consumer, message, attempts, error)
-            transaction.on_commit(lambda: metrics.parked(consumer), using=alias)
+    park(dead_letter_name(task.name), message, attempts, exc, using=using)
 
 
 # -- re-driving ------------------------------------------------------------------

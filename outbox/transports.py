@@ -554,7 +554,6 @@ class _Confirms:
             f"RabbitMQ returned a message for {routing_key!r}: {exc} (no queue took it)")
 
     def wait(self, connection: Any, timeout: float) -> None:
-        import socket
         import time
 
         deadline = time.monotonic() + timeout
@@ -564,7 +563,7 @@ class _Confirms:
                 break
             try:
                 connection.drain_events(timeout=remaining)
-            except socket.timeout:
+            except TimeoutError:
                 break
         if self.problem:
             raise BatchNotConfirmed(self.problem)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from outbox.stream import Message
-from outbox.transports import CeleryTransport
+from outbox.transports import CeleryTransport, Transport
 
 
 class DieAfterSend(CeleryTransport):
@@ -31,3 +31,14 @@ class SlowSend(CeleryTransport):
             Path(os.environ["DIO_SEND_MARKER"]).touch()
         time.sleep(float(os.environ.get("DIO_SEND_DELAY", "0")))
         super().send(messages)
+
+
+class DieAfterTasksSend(Transport):
+    """The Django tasks transport's send (its batch committed), then SIGKILL before the
+    relay can advance its offset."""
+
+    def send(self, messages: Sequence[Message]) -> None:
+        from outbox.django_tasks import DjangoTasksTransport
+
+        DjangoTasksTransport().send(messages)
+        os.kill(os.getpid(), signal.SIGKILL)
