@@ -240,9 +240,10 @@ def receiver_task(
 
     The task ends SUCCESSFUL whenever the message's fate is settled; its
     return value's ``"outcome"`` says how: ``handled``, ``duplicate``,
-    ``retried`` (a new task runs the next attempt), ``parked`` or ``refused``. It ends FAILED only when the receiver could not settle it (the
-    retry could not be enqueued, or the message parked): ``requeue_outbox_tasks``
-    makes such a task ready again.
+    ``retried`` (a new task runs the next attempt), ``parked`` or ``refused``.
+    It ends FAILED only when the receiver could not settle it (the retry could
+    not be enqueued, nor the message parked): ``requeue_outbox_tasks`` makes
+    such a task ready again.
     """
 
     def decorate(func: Callable[[Message], Any]) -> Any:
