@@ -14,11 +14,13 @@
 #   make dist               sdist and wheel into dist/, twine check, and a check of the
 #                           wheel's contents (every sql/*.sql and py.typed; no tests)
 #   make bench-idempotency  DRF endpoint with and without the mixin, side by side
-#   make bench-outbox       relay into Redis/Celery, no-op consumer, latency, memory
+#   make bench-outbox       relay into Redis and RabbitMQ (Celery), no-op consumer, latency,
+#                           memory
 #   make bench-reaper       reaping 1,000,000 expired keys under live traffic
 #   make bench-idempotency-cpu  CPU per request in-process (no HTTP server), per statement
 #   make soak               the example shop under load and faults, then its invariants
-#                           (ARGS="--duration 600 --seed 1 ..."; see docs/operations.md)
+#                           (ARGS="--duration 600 --seed 1 ..."; BROKER=rabbitmq for
+#                           RabbitMQ in place of Redis; see docs/operations.md)
 #   make lint               ruff and mypy (strict)
 #   make mutants            the catalogue of claim-breaking edits (mutants/catalogue.py),
 #                           each applied in a scratch copy with its tests run; not part of
@@ -97,9 +99,11 @@ bench-reaper: $(STAMP)
 bench-idempotency-cpu: $(STAMP)
 	@scripts/services run pg -- $(BIN)/python bench/cpu_idempotency.py $(BENCH_ARGS)
 
-# A fault-injection soak of the example shop: 10 minutes unless ARGS says otherwise.
+# A fault-injection soak of the example shop: 10 minutes unless ARGS says otherwise;
+# BROKER=rabbitmq runs it on RabbitMQ (default redis).
+BROKER ?= redis
 soak: $(STAMP)
-	@scripts/services run pg redis -- $(BIN)/python -m example_project.soak $(ARGS)
+	@scripts/services run pg redis $(filter rabbitmq,$(BROKER)) -- $(BIN)/python -m example_project.soak --broker $(BROKER) $(ARGS)
 
 demo: $(STAMP)
 	@scripts/demo up

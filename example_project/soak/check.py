@@ -2,15 +2,18 @@
 
 Everything is read with one PostgreSQL superuser session over the cluster's
 Unix socket (row-level security does not hide rows from it), the gateway's
-own list of charges, and Redis's queue and unacknowledged tasks.
+own list of charges, and the broker's queue and unacknowledged tasks (Redis's
+list and hash, or RabbitMQ's counts from rabbitmqctl).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.request import urlopen
 
 import psycopg
@@ -31,11 +34,36 @@ def gateway_charges(gateway_url: str) -> list[dict]:
 
 def broker_backlog(broker_url: str) -> int:
     """Tasks queued or delivered and not yet acknowledged."""
+    if broker_url.startswith("amqp"):
+        return rabbitmq_backlog()
     client = redis.Redis.from_url(broker_url)
     try:
         return int(client.llen("celery")) + int(client.hlen("unacked"))
     finally:
         client.close()
+
+
+def rabbitmq_backlog() -> int:
+    """Messages of every queue of the private RabbitMQ, ready or unacknowledged."""
+    root = Path(__file__).resolve().parents[2]
+    listed = subprocess.run(
+        [str(root / "scripts" / "services"), "rabbitmqctl", "list_queues", "name", "messages"],
+        capture_output=True, text=True, timeout=60, check=True).stdout
+    return sum(int(line.split()[-1]) for line in listed.splitlines()
+               if line.split() and line.split()[-1].isdigit())
+
+
+def empty_broker(broker_url: str) -> None:
+    """Nothing left from an earlier run: Redis's database flushed, RabbitMQ's queue deleted."""
+    if broker_url.startswith("amqp"):
+        from kombu import Connection
+
+        with Connection(broker_url) as connection:
+            connection.default_channel.queue_delete("celery")
+        return
+    client = redis.Redis.from_url(broker_url)
+    client.flushdb()
+    client.close()
 
 
 @dataclass
