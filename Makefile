@@ -9,6 +9,8 @@
 #                           (tests/settings_app_alias.py: nothing may assume "default")
 #   make test-matrix        tox: the upstream-pinning tests and the contract on the oldest
 #                           and newest allowed Django, DRF, psycopg, Celery/kombu (tox.ini)
+#   make test-django60      tox's django60 environment (Django 6.0) on a Python >= 3.12,
+#                           or a plain line saying why it did not run
 #   make test-verified      the same suites in the verified tenant context (DIO_VERIFIED_CONTEXT=1:
 #                           the key installed and the mode on, docs/roles.md)
 #   make dist               sdist and wheel into dist/, twine check, and a check of the
@@ -76,6 +78,19 @@ test-app-alias: $(STAMP)
 .PHONY: test-matrix
 test-matrix: $(TOX_STAMP)
 	@$(BIN)/tox --recreate -e oldest,newest $(TOX_ARGS)
+
+# Django 6.0 (tox's django60 environment) needs Python >= 3.12: the first one found
+# on the path (python3.14 ... python3.12), else one pyenv has installed. Without any,
+# it says plainly that the environment did not run, and why, and succeeds.
+.PHONY: test-django60
+test-django60: $(TOX_STAMP)
+	@py=$$(scripts/find-python 3.12); \
+	if [ -z "$$py" ]; then \
+		echo "[make] test-django60: the django60 environment did NOT run: no Python >= 3.12 was found (on the path: $$($(PYTHON) --version 2>&1); pyenv: $$(ls "$${PYENV_ROOT:-$$HOME/.pyenv}/versions" 2>/dev/null | tr '\n' ' ')). Django 6.0 needs Python 3.12."; \
+	else \
+		echo "[make] test-django60: Django 6.0 on $$($$py --version) ($$py)"; \
+		$(BIN)/tox -e django60 --discover "$$py" $(TOX_ARGS); \
+	fi
 
 $(TOX_STAMP): $(STAMP)
 	@$(BIN)/python -m pip install -q --disable-pip-version-check --group tox

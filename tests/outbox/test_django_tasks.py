@@ -132,6 +132,21 @@ def test_a_batch_is_enqueued_in_one_transaction_with_the_tasks(tmp_path):
     assert sum(r["value"] == {"outcome": "duplicate"} for r in results()) == 5
 
 
+def test_a_relay_killed_part_way_through_enqueueing_a_batch_leaves_none_of_it(tmp_path):
+    ids = publish_many(A, "order.placed", [{"sku": f"p{i}"} for i in range(5)])
+    dying = Process.manage(
+        "relay_outbox", "--once", "--transport", "tests.outbox.transports.DieMidTasksBatch",
+        log=tmp_path / "dying.log", env={**TASKS, "DIO_RELAY_LEASE": "1"})
+    assert dying.popen.wait(120) == -signal.SIGKILL
+    dying.kill()
+    assert count_rows(TABLE) == 0  # two were enqueued, in the transaction that died
+    wait_for(lambda: count_rows("consumer_offsets", "lease_until < now()") == 1,
+             "the dead relay's lease to run out")
+    relay(tmp_path, 5, env={**TASKS, "DIO_RELAY_LEASE": "1"})
+    manage(tmp_path, "db_worker", "--batch", "--no-startup-delay", name="db_worker")
+    assert effects() == {str(i): 1 for i in ids}
+
+
 # -- a worker killed mid-task ----------------------------------------------------------
 
 

@@ -42,3 +42,38 @@ class DieAfterTasksSend(Transport):
 
         DjangoTasksTransport().send(messages)
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _dies_mid_tasks_batch() -> type:
+    from outbox.django_tasks import DjangoTasksTransport
+
+    class DieMidTasksBatch(DjangoTasksTransport):
+        """Enqueues two messages of the batch, then the process dies (SIGKILL) while
+        enqueueing the third: on django-tasks-db, nothing of the batch is left."""
+
+        def task_for(self, topic: str) -> object:
+            return _DyingTask(super().task_for(topic))
+
+    return DieMidTasksBatch
+
+
+class _DyingTask:
+    enqueued = 0
+
+    def __init__(self, task: object) -> None:
+        self.task = task
+
+    def get_backend(self) -> object:
+        return self.task.get_backend()  # type: ignore[attr-defined]
+
+    def enqueue(self, *args: object, **kwargs: object) -> object:
+        if _DyingTask.enqueued == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        _DyingTask.enqueued += 1
+        return self.task.enqueue(*args, **kwargs)  # type: ignore[attr-defined]
+
+
+def __getattr__(name: str) -> type:
+    if name == "DieMidTasksBatch":  # built on first use: the Django tasks modules load late
+        return _dies_mid_tasks_batch()
+    raise AttributeError(name)
