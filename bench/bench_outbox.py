@@ -142,8 +142,14 @@ def empty(on: str) -> None:
     if on == "redis":
         broker().delete(QUEUE)
         return
+    from amqp.exceptions import NotFound
+
+    # Purged, not deleted: Celery's producers remember the queues they declared.
     with Connection(amqp_url()) as connection:
-        connection.default_channel.queue_delete(QUEUE)
+        try:
+            connection.default_channel.queue_purge(QUEUE)
+        except NotFound:
+            pass
 
 
 def backlog(count: int, chunk: int = 50_000) -> None:
