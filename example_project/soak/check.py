@@ -44,13 +44,18 @@ def broker_backlog(broker_url: str) -> int:
 
 
 def rabbitmq_backlog() -> int:
-    """Messages of every queue of the private RabbitMQ, ready or unacknowledged."""
+    """Tasks in the shop's queue (``celery``) of the private RabbitMQ, ready or unacknowledged.
+
+    Only that queue: Celery's workers also have queues of their own for
+    remote control and events, where a worker that was killed may leave a
+    broadcast nobody reads.
+    """
     root = Path(__file__).resolve().parents[2]
     listed = subprocess.run(
         [str(root / "scripts" / "services"), "rabbitmqctl", "list_queues", "name", "messages"],
         capture_output=True, text=True, timeout=60, check=True).stdout
-    return sum(int(line.split()[-1]) for line in listed.splitlines()
-               if line.split() and line.split()[-1].isdigit())
+    return sum(int(fields[1]) for fields in (line.split() for line in listed.splitlines())
+               if len(fields) == 2 and fields[0] == "celery" and fields[1].isdigit())
 
 
 def empty_broker(broker_url: str) -> None:
