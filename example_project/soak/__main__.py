@@ -33,7 +33,7 @@ from pathlib import Path
 import requests
 
 from . import check
-from .faults import KINDS, Injector, default_kinds, schedule
+from .faults import KINDS, KNOWN, Injector, default_kinds, schedule
 from .load import Load
 from .proxy import LossyProxy
 
@@ -68,10 +68,10 @@ def probability(text: str) -> float:
 
 def fault_kinds(text: str) -> list[str]:
     kinds = [k.strip() for k in text.split(",") if k.strip()]
-    unknown = [k for k in kinds if k not in KINDS]
+    unknown = [k for k in kinds if k not in KNOWN]
     if unknown or not kinds:
         raise argparse.ArgumentTypeError(
-            f"unknown fault kind(s) {', '.join(unknown) or '(none)'}; known: {', '.join(KINDS)}")
+            f"unknown fault kind(s) {', '.join(unknown) or '(none)'}; known: {', '.join(KNOWN)}")
     return kinds
 
 

@@ -35,15 +35,20 @@ KINDS = (
     "pg-fast",          # pg_ctl restart -m fast
     "pg-immediate",     # pg_ctl restart -m immediate (crash recovery at start)
     "redis",            # Redis stopped (SIGTERM or SIGKILL, drawn) and started again
-    "rabbitmq",         # RabbitMQ's node stopped (SIGTERM or SIGKILL, drawn) and started again
     "gateway-pause",    # SIGSTOP the payment gateway for 2-6 s, then SIGCONT
 )
+#: On RabbitMQ (--broker rabbitmq) the broker's fault is RabbitMQ's node stopped
+#: (SIGTERM or SIGKILL, drawn) and started again, in place of Redis's.
+RABBITMQ_KINDS = tuple("rabbitmq" if kind == "redis" else kind for kind in KINDS)
+#: Every kind --faults accepts.
+KNOWN = (*KINDS, "rabbitmq")
 
 
 def default_kinds(broker: str) -> list[str]:
-    """Every kind, with the broker's restart for the soak's broker only."""
-    other = {"redis": "rabbitmq", "rabbitmq": "redis"}[broker]
-    return [kind for kind in KINDS if kind != other]
+    """Every kind of the soak's broker: KINDS on Redis, RABBITMQ_KINDS on RabbitMQ."""
+    return list(RABBITMQ_KINDS if broker == "rabbitmq" else KINDS)
+
+
 PROGRAM_OF = {"web-master": "web", "relay": "relay", "consumers": "consumers",
               "celery-worker": "worker", "celery-beat": "beat"}
 
