@@ -130,6 +130,7 @@ class RabbitServer:
             "RABBITMQ_ENABLED_PLUGINS_FILE": str(d / "enabled_plugins"),
             "RABBITMQ_MNESIA_BASE": str(d / "mnesia"), "RABBITMQ_LOG_BASE": str(d / "log"),
             "RABBITMQ_PID_FILE": str(d / "node.pid"), "ERL_EPMD_PORT": str(self.epmd_port),
+            "ERL_EPMD_ADDRESS": "127.0.0.1",
             "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1", "RABBITMQ_NODE_PORT": str(self.port),
             "RABBITMQ_DIST_PORT": str(self.dist_port),
             "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS":
