@@ -10,17 +10,21 @@
 #                           (tests/settings_app_alias.py: nothing may assume "default")
 #   make test-matrix        tox: the upstream-pinning tests and the contract on the oldest
 #                           and newest allowed Django, DRF, psycopg, Celery/kombu (tox.ini)
+#   make test-django60      tox's django60 environment (Django 6.0) on a Python >= 3.12,
+#                           or a plain line saying why it did not run
 #   make test-verified      the same suites in the verified tenant context (DIO_VERIFIED_CONTEXT=1:
 #                           the key installed and the mode on, docs/roles.md)
 #   make dist               sdist and wheel into dist/ (DIST=dir: elsewhere), twine check,
 #                           and a check of their contents and version (every sql/*.sql
 #                           and py.typed, no tests; the version has a CHANGELOG.md entry)
 #   make bench-idempotency  DRF endpoint with and without the mixin, side by side
-#   make bench-outbox       relay into Redis/Celery, no-op consumer, latency, memory
+#   make bench-outbox       relay into Redis and RabbitMQ (Celery), no-op consumer, latency,
+#                           memory
 #   make bench-reaper       reaping 1,000,000 expired keys under live traffic
 #   make bench-idempotency-cpu  CPU per request in-process (no HTTP server), per statement
 #   make soak               the example shop under load and faults, then its invariants
-#                           (ARGS="--duration 600 --seed 1 ..."; see docs/operations.md)
+#                           (ARGS="--duration 600 --seed 1 ..."; BROKER=rabbitmq for
+#                           RabbitMQ in place of Redis; see docs/operations.md)
 #   make lint               ruff and mypy (strict)
 #   make mutants            the catalogue of claim-breaking edits (mutants/catalogue.py),
 #                           each applied in a scratch copy with its tests run; not part of
@@ -52,13 +56,13 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 test: $(STAMP)
-	@scripts/services run pg redis -- $(BIN)/python -m pytest $(PYTEST_ARGS)
+	@scripts/services run pg redis rabbitmq -- $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Every alias behind the private pgbouncer (transaction pooling): app, worker
 # and system, as docs/scaling.md allows; the outage tests included (the
 # pooler's server_login_retry and query_wait_timeout, scripts/services).
 test-pooled: $(STAMP)
-	@DIO_POOLED=app,worker,system scripts/services run pg redis pgbouncer -- \
+	@DIO_POOLED=app,worker,system scripts/services run pg redis rabbitmq pgbouncer -- \
 		$(BIN)/python -m pytest tests/idempotency tests/tenancy tests/outbox \
 		tests/test_session_state.py $(PYTEST_ARGS)
 
@@ -67,7 +71,7 @@ test-pooled: $(STAMP)
 .PHONY: test-app-alias
 test-app-alias: $(STAMP)
 	@DJANGO_SETTINGS_MODULE=tests.settings_app_alias \
-		scripts/services run pg redis -- $(BIN)/python -m pytest tests/tenancy tests/idempotency tests/outbox $(PYTEST_ARGS)
+		scripts/services run pg redis rabbitmq -- $(BIN)/python -m pytest tests/tenancy tests/idempotency tests/outbox $(PYTEST_ARGS)
 
 # The version matrix (tox.ini): the tests that pin other projects' behaviour, and the
 # contract, on the oldest and on the newest Django 5.2.x, DRF, psycopg 3.x and Celery/kombu
@@ -75,6 +79,19 @@ test-app-alias: $(STAMP)
 .PHONY: test-matrix
 test-matrix: $(TOX_STAMP)
 	@$(BIN)/tox --recreate -e oldest,newest $(TOX_ARGS)
+
+# Django 6.0 (tox's django60 environment) needs Python >= 3.12: the first one found
+# on the path (python3.14 ... python3.12), else one pyenv has installed. Without any,
+# it says plainly that the environment did not run, and why, and succeeds.
+.PHONY: test-django60
+test-django60: $(TOX_STAMP)
+	@py=$$(scripts/find-python 3.12); \
+	if [ -z "$$py" ]; then \
+		echo "[make] test-django60: the django60 environment did NOT run: no Python >= 3.12 was found (on the path: $$($(PYTHON) --version 2>&1); pyenv: $$(ls "$${PYENV_ROOT:-$$HOME/.pyenv}/versions" 2>/dev/null | tr '\n' ' ')). Django 6.0 needs Python 3.12."; \
+	else \
+		echo "[make] test-django60: Django 6.0 on $$($$py --version) ($$py)"; \
+		$(BIN)/tox -e django60 --discover "$$py" $(TOX_ARGS); \
+	fi
 
 $(TOX_STAMP): $(STAMP)
 	@$(BIN)/python -m pip install -q --disable-pip-version-check --group tox
@@ -84,13 +101,13 @@ $(TOX_STAMP): $(STAMP)
 .PHONY: test-verified
 test-verified: $(STAMP)
 	@DIO_VERIFIED_CONTEXT=1 \
-		scripts/services run pg redis -- $(BIN)/python -m pytest tests/tenancy tests/idempotency tests/outbox $(PYTEST_ARGS)
+		scripts/services run pg redis rabbitmq -- $(BIN)/python -m pytest tests/tenancy tests/idempotency tests/outbox $(PYTEST_ARGS)
 
 bench-idempotency: $(STAMP)
 	@scripts/services run pg -- $(BIN)/python bench/bench_idempotency.py $(BENCH_ARGS)
 
 bench-outbox: $(STAMP)
-	@scripts/services run pg redis -- $(BIN)/python bench/bench_outbox.py $(BENCH_ARGS)
+	@scripts/services run pg redis rabbitmq -- $(BIN)/python bench/bench_outbox.py $(BENCH_ARGS)
 
 bench-reaper: $(STAMP)
 	@scripts/services run pg -- $(BIN)/python bench/bench_reaper.py $(BENCH_ARGS)
@@ -98,9 +115,11 @@ bench-reaper: $(STAMP)
 bench-idempotency-cpu: $(STAMP)
 	@scripts/services run pg -- $(BIN)/python bench/cpu_idempotency.py $(BENCH_ARGS)
 
-# A fault-injection soak of the example shop: 10 minutes unless ARGS says otherwise.
+# A fault-injection soak of the example shop: 10 minutes unless ARGS says otherwise;
+# BROKER=rabbitmq runs it on RabbitMQ (default redis).
+BROKER ?= redis
 soak: $(STAMP)
-	@scripts/services run pg redis -- $(BIN)/python -m example_project.soak $(ARGS)
+	@scripts/services run pg redis $(filter rabbitmq,$(BROKER)) -- $(BIN)/python -m example_project.soak --broker $(BROKER) $(ARGS)
 
 demo: $(STAMP)
 	@scripts/demo up
@@ -111,7 +130,7 @@ demo-stop:
 # Not part of `make test`: each mutant runs its named tests (docs/contributing.md).
 .PHONY: mutants
 mutants: $(STAMP)
-	@scripts/services run pg redis -- $(BIN)/python -m mutants.run $(MUTANTS_ARGS)
+	@scripts/services run pg redis rabbitmq -- $(BIN)/python -m mutants.run $(MUTANTS_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check idempotency tenancy outbox django_idempotency_outbox tests bench mutants

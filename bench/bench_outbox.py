@@ -7,7 +7,11 @@ Measures, against the private PostgreSQL and Redis of scripts/services:
 1. relay throughput into a real Redis-backed Celery broker (CeleryTransport),
    without and with ``OUTBOX["SIGNING_KEYS"]`` (every envelope signed),
    beside a minimal batched relay into a raw Redis list (the baseline: no
-   fence, no offset, no Celery format), measured in the same run;
+   fence, no offset, no Celery format), measured in the same run; and, with
+   ``--brokers redis,rabbitmq`` (the default when ``DIO_AMQP_URL`` is set, as
+   ``make bench-outbox`` does), the same relay into RabbitMQ with publisher
+   confirms (each batch confirmed whole), and through ``send_task`` (kombu's
+   ``confirm_publish``: one confirm round trip per message), side by side;
 2. in-database consumer throughput with a no-op handler (10 tenants interleaved);
 3. commit-to-publish latency, p50/p99: messages published one per transaction
    at a steady rate while ``manage.py relay_outbox`` runs in its own process;
@@ -45,6 +49,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[0] = str(ROOT)  # run from the project root, not from bench/
@@ -60,6 +65,7 @@ from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connections, transaction  # noqa: E402
 from django.test import override_settings  # noqa: E402
+from kombu import Connection  # noqa: E402
 
 from outbox import publish  # noqa: E402
 from outbox.consumers import ensure_offsets, run_batch  # noqa: E402
@@ -103,6 +109,51 @@ def reset() -> None:
 
 def broker() -> redis.Redis:
     return redis.Redis.from_url(settings.CELERY_BROKER_URL)
+
+
+def amqp_url() -> str:
+    url = os.environ.get("DIO_AMQP_URL", "")
+    if not url:
+        sys.exit("bench: --brokers rabbitmq needs DIO_AMQP_URL (make bench-outbox starts "
+                 "RabbitMQ: scripts/services run pg redis rabbitmq)")
+    return url
+
+
+def amqp_app() -> Any:
+    """The bench's Celery app on RabbitMQ, with publisher confirms (the outbox requires them)."""
+    from celery import Celery
+
+    app = Celery("dio_bench_amqp", broker=amqp_url(), set_as_current=False)
+    app.conf.broker_transport_options = {"confirm_publish": True}
+    return app
+
+
+def queued(on: str) -> int:
+    """Messages in the bench's queue on ``on`` (redis or rabbitmq)."""
+    if on == "redis":
+        return int(broker().llen(QUEUE))
+    from amqp.exceptions import NotFound
+
+    with Connection(amqp_url()) as connection:
+        try:
+            return int(connection.default_channel.queue_declare(QUEUE, passive=True)
+                       .message_count)
+        except NotFound:
+            return 0
+
+
+def empty(on: str) -> None:
+    if on == "redis":
+        broker().delete(QUEUE)
+        return
+    from amqp.exceptions import NotFound
+
+    # Purged, not deleted: Celery's producers remember the queues they declared.
+    with Connection(amqp_url()) as connection:
+        try:
+            connection.default_channel.queue_purge(QUEUE)
+        except NotFound:
+            pass
 
 
 def backlog(count: int, chunk: int = 50_000) -> None:
@@ -188,26 +239,34 @@ class Arrivals(threading.Thread):
         self.join(10)
 
 
-def bench_relay(count: int, *, signed: bool = False) -> tuple[float, float]:
+def bench_relay(count: int, *, signed: bool = False, on: str = "redis",
+                send_task: bool = False) -> tuple[float, float]:
     """Messages/s, and the relay's own CPU time per message in µs (steadier on a busy machine)."""
     keys = ["bench-signing-key-of-at-least-32-bytes-0123456789"] if signed else []
-    with override_settings(OUTBOX={**settings.OUTBOX, "SIGNING_KEYS": keys}):
+    outbox = {**settings.OUTBOX, "SIGNING_KEYS": keys, "CELERY_SEND_TASK": send_task}
+    if on == "rabbitmq":
+        outbox["CELERY_APP"] = amqp_app()
+    with override_settings(OUTBOX=outbox):
         reset()
+        empty(on)
         backlog(count)
         relay = Relay(name="bench-throughput")
         relay.drain()  # warm-up: connections, imports (also moves everything)
+        relay.release()
         reset()
+        empty(on)
         backlog(count)
-        relay = Relay(name="bench-throughput")
         started, cpu = time.perf_counter(), time.process_time()
         sent = relay.drain()
         elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+        relay.release()
+        relay.transport.close()
         assert sent == count, (sent, count)
-        assert broker().llen(QUEUE) == count
+        assert queued(on) == count, (queued(on), count)
         if signed:
             assert b'"signature" : "v1.' in base64.b64decode(
                 json.loads(broker().lindex(QUEUE, 0))["body"])
-        broker().delete(QUEUE)
+        empty(on)
     return count / elapsed, cpu / count * 1e6
 
 
@@ -482,6 +541,15 @@ def bench_failover(count: int) -> dict[str, float]:
     }
 
 
+def broker_list(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ("redis", "rabbitmq")]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown broker(s) {', '.join(unknown) or '(none)'}; known: redis, rabbitmq")
+    return names
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--messages", type=int, default=100_000)
@@ -491,12 +559,17 @@ def main() -> None:
     parser.add_argument("--unrelated-hold", type=float, default=16.0,
                         help="seconds the unrelated transaction stays open")
     parser.add_argument("--failover-messages", type=int, default=10_000)
+    parser.add_argument("--brokers", type=broker_list,
+                        default="redis,rabbitmq" if os.environ.get("DIO_AMQP_URL") else "redis",
+                        help="brokers the relay's throughput is measured on, side by side "
+                             "(default: redis,rabbitmq when DIO_AMQP_URL is set, else redis)")
     parser.add_argument("--only", choices=["throughput", "latency", "memory", "unrelated",
                                            "failover"], action="append",
                         help="run only these measurements (default: all)")
     args = parser.parse_args()
     only = set(args.only or ["throughput", "latency", "memory", "unrelated", "failover"])
-    log(f"machine: {os.cpu_count()} cores; PostgreSQL and Redis of scripts/services")
+    log(f"machine: {os.cpu_count()} cores; PostgreSQL, Redis"
+        f"{' and RabbitMQ' if 'rabbitmq' in args.brokers else ''} of scripts/services")
     setup_database()
     if "throughput" in only:
         base = bench_baseline(args.messages)
@@ -509,6 +582,16 @@ def main() -> None:
         signed, signed_cpu = bench_relay(args.messages, signed=True)
         log(f"... every envelope signed:         {signed:,.0f} messages/s, relay CPU "
             f"{signed_cpu:.1f} µs per message (SIGNING_KEYS; {signed / base:.2f} x the baseline)")
+        if "rabbitmq" in args.brokers:
+            amqp, amqp_cpu = bench_relay(args.messages, on="rabbitmq")
+            log(f"relay -> RabbitMQ (Celery transport, each batch confirmed): {amqp:,.0f} "
+                f"messages/s, relay CPU {amqp_cpu:.1f} µs per message ({args.messages:,} "
+                f"messages; {amqp / rate:.2f} x the relay into Redis)")
+            few = max(args.messages // 10, 1000)
+            one, one_cpu = bench_relay(few, on="rabbitmq", send_task=True)
+            log(f"... through send_task, a confirm per message (kombu's confirm_publish): "
+                f"{one:,.0f} messages/s, relay CPU {one_cpu:.1f} µs per message "
+                f"({few:,} messages; {one / amqp:.2f} x the batch-confirmed relay)")
         rate = bench_consumer(args.messages)
         log(f"consumer, no-op handler:           {rate:,.0f} messages/s "
             f"({args.messages:,} messages, {TENANTS} tenants; target >= 10,000)")

@@ -9,7 +9,7 @@
   consumers' batches and the relay's lease, the only role that moves offsets.
 - ``SYSTEM_DATABASE_URL``: the system role: reaper, relay reads, completer.
 - ``OWNER_DATABASE_URL``: the owner role: ``manage.py migrate --database owner``.
-- ``CELERY_BROKER_URL``: Redis.
+- ``CELERY_BROKER_URL``: Redis, or RabbitMQ (``amqp://...``, with publisher confirms).
 - ``GATEWAY_URL``: the fake payment gateway (example_project/gateway.py).
 
 The soak (example_project/soak) also sets ``CELERY_VISIBILITY_TIMEOUT`` (Redis's
@@ -149,6 +149,10 @@ CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="redis://127.0.0.1:6379/0")
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=3600)
 }
+if CELERY_BROKER_URL.startswith("amqp"):
+    # RabbitMQ: the relay moves past a batch only once RabbitMQ confirmed it
+    # (outbox.E110 without this); there is no visibility timeout there.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"confirm_publish": True}
 CELERY_BEAT_SCHEDULE = {
     "reap-idempotency-keys": {"task": "idempotency.tasks.reap_expired_keys", "schedule": 3600.0},
     "complete-idempotency-keys": {

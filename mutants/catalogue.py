@@ -52,6 +52,8 @@ O_OUTAGE = (O_PROCESSES + "::test_a_relay_whose_redis_goes_down_keeps_its_offset
             "_everything_when_it_is_back")
 O_RELAY_SIGTERM = O_PROCESSES + "::test_sigterm_while_the_relay_sends_a_batch_lets_it_finish_and_advance"
 O_BEAT = O_PROCESSES + "::test_every_task_of_the_documented_beat_schedule_runs_in_a_real_worker"
+O_RABBITMQ = OUTBOX + "test_rabbitmq.py"
+O_TASKS = OUTBOX + "test_django_tasks.py"
 
 CATALOGUE: list[Mutant] = [
     # --- idempotency: settings defaults --------------------------------------------------
@@ -548,6 +550,84 @@ CATALOGUE: list[Mutant] = [
         "    if not keys:\n        return\n",
         "    if not keys or True:\n        return\n",
         (OUTBOX + "test_signing.py",),
+    ),
+    # --- outbox: RabbitMQ (publisher confirms) -----------------------------------------------
+    mutant(
+        "rabbitmq.confirms-not-awaited", "outbox.transports",
+        "on RabbitMQ the relay advances only past a batch RabbitMQ confirmed whole; a nack "
+        "keeps the offset and the batch is sent again",
+        "outbox/transports.py",
+        '            outcome.wait(self._connection.connection, float(options.get("confirm_timeout", 30)))',
+        "            pass",
+        (O_RABBITMQ,),
+    ),
+    mutant(
+        "rabbitmq.unconfirmed-connection-used", "outbox.transports",
+        "the transport refuses to publish to a RabbitMQ without confirm_publish",
+        "outbox/transports.py",
+        "            if not connection.connection.confirm_publish:\n                raise ConfigurationError(_NO_CONFIRMS)",
+        "            if False:\n                raise ConfigurationError(_NO_CONFIRMS)",
+        (O_RABBITMQ,),
+    ),
+    mutant(
+        "rabbitmq.transient-queue-used", "outbox.celery",
+        "a queue a RabbitMQ restart loses is a check error (outbox.E111) and the transport "
+        "refuses it",
+        "outbox/celery.py",
+        "    if not queue.durable:\n",
+        "    if False:\n",
+        (O_RABBITMQ,),
+    ),
+    mutant(
+        "rabbitmq.E110-missing", "outbox.celery",
+        "RabbitMQ without publisher confirms is a check error (outbox.E110); relay_outbox "
+        "does not start",
+        "outbox/celery.py",
+        '    if not options.get("confirm_publish"):',
+        "    if False:",
+        (O_RABBITMQ,),
+    ),
+    # --- outbox: Django's Tasks framework -------------------------------------------------------
+    mutant(
+        "tasks.receiver-record-skipped", "outbox.django_tasks",
+        "a receiver task handles each message once (its record in outbox_received drops "
+        "duplicates), as the message's tenant",
+        "outbox/django_tasks.py",
+        "        handled, _ = receive(message, lambda m: (hold(), func(m))[1], receiver=name, using=using)",
+        "        handled, _ = True, func(message)",
+        (O_TASKS,),
+    ),
+    mutant(
+        "tasks.batch-not-atomic", "outbox.django_tasks",
+        "on django-tasks-db a batch is enqueued in one transaction: whole or not at all",
+        "outbox/django_tasks.py",
+        "        with transaction.atomic(using=database):\n            for message, task in zip(messages, tasks, strict=True):",
+        "        if database:\n            for message, task in zip(messages, tasks, strict=True):",
+        (O_TASKS,),
+    ),
+    mutant(
+        "tasks.requeue-takes-live-tasks", "outbox.django_tasks",
+        "requeue_outbox_tasks never takes a task a live receiver holds",
+        "outbox/django_tasks.py",
+        "            rows.select_for_update(skip_locked=True)\n",
+        "            rows\n",
+        (O_TASKS,),
+    ),
+    mutant(
+        "tasks.no-retry", "outbox.django_tasks",
+        "a failing receiver task is retried (a new task per attempt), then parked",
+        "outbox/django_tasks.py",
+        "        _enqueue_again(task, envelope, attempt + 1, pause)\n",
+        "        pass\n",
+        (O_TASKS,),
+    ),
+    mutant(
+        "tasks.signature-unchecked", "outbox.django_tasks",
+        "with SIGNING_KEYS set, a receiver task refuses an envelope that does not verify",
+        "outbox/django_tasks.py",
+        "        signing.check(envelope, by=by)\n",
+        "        pass\n",
+        (O_TASKS,),
     ),
     # --- outbox: loops ---------------------------------------------------------------------------
     mutant(

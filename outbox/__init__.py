@@ -32,6 +32,7 @@ __all__ = [
     "publish",
     "receive",
     "receiver",
+    "receiver_task",
     "relay_pending",
     "run_consumers",
     "status",
@@ -46,6 +47,7 @@ __getattr__ = lazy_exports(
         "Message": "outbox.stream",
         "receive": "outbox.receivers",
         "receiver": "outbox.receivers",
+        "receiver_task": "outbox.django_tasks",
         "ReceiverTask": "outbox.celery",
         "Relay": "outbox.relay",
         "status": "outbox.status",
@@ -64,6 +66,7 @@ __getattr__ = lazy_exports(
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
     from outbox.celery import ReceiverTask
     from outbox.consumers import Consumer, run_consumers
+    from outbox.django_tasks import receiver_task
     from outbox.exceptions import ConsumerConfigError, NoTenant, NotInTransaction, OutboxError
     from outbox.publishing import publish
     from outbox.receivers import receive, receiver

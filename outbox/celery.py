@@ -36,28 +36,22 @@ the app's defaults::
 from __future__ import annotations
 
 import logging
-import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 from urllib.parse import urlsplit
 
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
 from celery.signals import worker_ready
-from django.db import transaction
-from django.utils import timezone
 from django.utils.module_loading import import_string
 from kombu.utils.url import maybe_sanitize_url
 
-from django_idempotency_outbox import metrics
-from django_idempotency_outbox.durations import backoff
-from outbox import signing, store
+from outbox import signing
 from outbox.conf import outbox_settings
 from outbox.exceptions import BadSignature
+from outbox.receivers import park, retry_pause
 from outbox.stream import Message
-from tenancy import tenant_context
-from tenancy.aliases import app_alias
 
 if TYPE_CHECKING:  # Task is generic in celery-types; older Celery's Task takes no subscript
     from celery import Celery
@@ -177,8 +171,7 @@ def deliver(task: Task[..., Any], envelope: Any, handle: Callable[[Message], T],
 
 
 def _pause(attempt: int) -> float:
-    s = outbox_settings
-    return backoff(attempt, s.RECEIVER_RETRY_BACKOFF, s.RECEIVER_RETRY_BACKOFF_MAX)
+    return retry_pause(attempt)
 
 
 def _retry(task: Task[..., Any], exc: Exception, pause: float) -> NoReturn:
@@ -197,15 +190,7 @@ def _retry(task: Task[..., Any], exc: Exception, pause: float) -> NoReturn:
 
 def _park(task: Task[..., Any], message: Message, attempts: int, exc: Exception,
           using: str | None) -> None:
-    alias = app_alias(using)
-    consumer = dead_letter_name(task.name)
-    if message.created_at is None:
-        message = replace(message, created_at=timezone.now())
-    error = "".join(traceback.format_exception(exc)).strip()
-    with tenant_context(message.tenant_id, using=alias):
-        if not store.is_parked(alias, consumer, message.message_id):
-            store.park(alias, consumer, message, attempts, error)
-            transaction.on_commit(lambda: metrics.parked(consumer), using=alias)
+    park(dead_letter_name(task.name), message, attempts, exc, using=using)
 
 
 # -- re-driving ------------------------------------------------------------------
@@ -251,7 +236,7 @@ def receiver_tasks(app: Any) -> list[Any]:
 
 def visibility_timeout(app: Any) -> float | None:
     """The broker's visibility timeout in seconds, or None if the broker has none."""
-    scheme = urlsplit(str(app.conf.broker_url or "")).scheme.split("+")[0]
+    scheme = broker_scheme(app)
     if scheme not in _DEFAULT_VISIBILITY:
         return None
     options = app.conf.broker_transport_options or {}
@@ -298,6 +283,103 @@ def check_app(app: Any) -> list[Problem]:
                 "time while the first delivery is still running or waiting.",
                 'Raise broker_transport_options["visibility_timeout"], or lower the time '
                 'limit or OUTBOX["RECEIVER_RETRY_BACKOFF_MAX"].'))
+    return problems
+
+
+#: Broker URL schemes of kombu's AMQP transports (RabbitMQ).
+AMQP_SCHEMES = frozenset({"amqp", "amqps", "pyamqp", "librabbitmq"})
+
+#: Delivery modes kombu and Celery accept for a message the broker may forget.
+_TRANSIENT = frozenset({1, "1", "transient"})
+
+
+def broker_scheme(app: Any) -> str:
+    """The scheme of the app's (first) broker URL: ``redis``, ``amqp``..., ``""`` if none."""
+    url = str(app.conf.broker_url or "").split(";")[0]
+    return urlsplit(url).scheme.split("+")[0]
+
+
+def is_amqp(app: Any) -> bool:
+    """Whether the app's broker is RabbitMQ (an AMQP 0-9-1 transport of kombu)."""
+    return broker_scheme(app) in AMQP_SCHEMES
+
+
+def relay_queues(app: Any) -> dict[str, Any]:
+    """The kombu Queue each task the outbox's Celery transport sends to is routed to, by task.
+
+    The tasks are ``OUTBOX["CELERY_TASK"]`` and the values of
+    ``OUTBOX["CELERY_TOPIC_TASKS"]``; the queue is ``OUTBOX["CELERY_QUEUE"]``,
+    else Celery's routing (as the transport does). A task whose route names
+    no queue Celery knows is left out (Celery creates it as a durable queue).
+    """
+    tasks = {*outbox_settings.CELERY_TOPIC_TASKS.values()}
+    if outbox_settings.CELERY_TASK:
+        tasks.add(outbox_settings.CELERY_TASK)
+    found: dict[str, Any] = {}
+    for task in sorted(tasks):
+        name = outbox_settings.CELERY_QUEUE
+        queue = app.amqp.queues[name] if name else (
+            app.amqp.router.route({}, task, (), {}).get("queue"))
+        if isinstance(queue, str):
+            queue = app.amqp.queues[queue]
+        if queue is not None:
+            found[task] = queue
+    return found
+
+
+def transient_reason(queue: Any) -> str | None:
+    """Why RabbitMQ would forget ``queue`` (a kombu Queue) or its messages on a restart, or None."""
+    if not queue.durable:
+        return "is not durable (durable=False)"
+    if queue.auto_delete:
+        return "is deleted when its last consumer goes (auto_delete=True)"
+    if queue.exclusive:
+        return "is exclusive to one connection (exclusive=True)"
+    if getattr(queue.exchange, "delivery_mode", None) in _TRANSIENT:
+        return "has an exchange that sends its messages as transient (delivery_mode=1)"
+    return None
+
+
+def check_broker(app: Any) -> list[Problem]:
+    """What in ``app``'s RabbitMQ setup lets the relay advance past a message the broker lost.
+
+    Nothing for another broker. On RabbitMQ the relay's promise (every
+    message it moves past is stored by the broker) needs publisher confirms
+    (``broker_transport_options = {"confirm_publish": True}``: each publish
+    waits for the broker's acknowledgement, which RabbitMQ sends for a
+    persistent message on a durable queue once it is on disk), durable
+    queues and persistent messages.
+    """
+    if not is_amqp(app):
+        return []
+    problems: list[Problem] = []
+    options = app.conf.broker_transport_options or {}
+    if not options.get("confirm_publish"):
+        problems.append(Problem(
+            "outbox.E110",
+            "The Celery broker is RabbitMQ without publisher confirms: the relay would move "
+            "its offset past messages RabbitMQ never stored, and a broker restart or a "
+            "refused publish would lose them silently.",
+            'Set broker_transport_options = {"confirm_publish": True} on the Celery app '
+            "(docs/outbox.md, RabbitMQ)."))
+    for task, queue in relay_queues(app).items():
+        reason = transient_reason(queue)
+        if reason is not None:
+            problems.append(Problem(
+                "outbox.E111",
+                f"The queue {queue.name!r} that the outbox sends task {task} to {reason}: "
+                "RabbitMQ loses its messages when it restarts, after the relay has moved past "
+                "them.",
+                "Declare it durable, not auto-delete or exclusive, with persistent delivery "
+                "(kombu's defaults)."))
+    if (outbox_settings.CELERY_SEND_TASK
+            and app.conf.task_default_delivery_mode in _TRANSIENT):
+        problems.append(Problem(
+            "outbox.E112",
+            "task_default_delivery_mode is 'transient' and OUTBOX[\"CELERY_SEND_TASK\"] sends "
+            "through Celery: RabbitMQ keeps transient messages in memory only and loses them "
+            "when it restarts, after the relay has moved past them.",
+            "Set task_default_delivery_mode = 'persistent' (Celery's default)."))
     return problems
 
 

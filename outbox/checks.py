@@ -10,6 +10,17 @@ Two families, registered together by :func:`register`:
   increasing values across sessions (no values cached per session, no
   cycling, a positive increment). ``manage.py
   check --database <alias>`` (and ``migrate``) verifies both.
+- **The relay's broker** (``outbox.E110``–``E112``). When the relay sends
+  through the Celery transport to RabbitMQ, publisher confirms, durable
+  queues and persistent messages are what make the broker's acknowledgement
+  mean "stored": without one of them the relay would advance past messages a
+  broker restart loses (:func:`outbox.celery.check_broker`). Errors: the
+  relay's own promise, not a worker's, is at stake, and ``relay_outbox``
+  does not start with them.
+- **The Django tasks transport** (``outbox.E120``, ``outbox.W121``): a Tasks
+  backend that keeps nothing (the dummy backend) cannot take the relay's
+  messages; one the outbox cannot vouch for is a warning
+  (:mod:`outbox.django_tasks`).
 - **The receivers** (``outbox.W100``–``W105``). ``manage.py check`` loads the
   Celery app the outbox sends to (``OUTBOX["CELERY_APP"]``), imports its
   tasks' modules, and warns about each receiver task
@@ -29,13 +40,17 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 from django.db import DatabaseError
+from django.utils.module_loading import import_string
 
 from outbox import store
+from outbox.conf import outbox_settings
 
 
 def register() -> None:
     checks.register(check_fence, checks.Tags.database)
     checks.register(check_receivers)
+    checks.register(check_relay_broker)
+    checks.register(check_tasks_transport)
 
 
 # -- the fence ----------------------------------------------------------------
@@ -119,3 +134,57 @@ def check_receivers(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
     finally:
         _importing.active = False
     return [checks.Warning(p.message, hint=p.hint, id=p.id) for p in problems]
+
+
+# -- the relay's broker ----------------------------------------------------------
+
+
+def check_relay_broker(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``outbox.E110``-``E112``: RabbitMQ must confirm, keep its queues and persist messages."""
+    from outbox.transports import CeleryTransport
+
+    kind = _transport_class()
+    if kind is None or not issubclass(kind, CeleryTransport):
+        return []
+    try:
+        from outbox import celery as outbox_celery
+    except ImportError:  # no Celery: the Celery transport cannot run at all
+        return []
+    if getattr(_importing, "active", False):
+        return []
+    try:
+        app = outbox_celery.celery_app()
+        problems = outbox_celery.check_broker(app)
+    except Exception:  # outbox.W100 says the app could not be loaded
+        return []
+    return [checks.Error(p.message, hint=p.hint, id=p.id) for p in problems]
+
+
+def check_tasks_transport(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``outbox.E120``/``W121``: the Django Tasks backend the relay enqueues to."""
+    from outbox.transports import get_transport
+
+    kind = _transport_class()
+    if kind is None or kind.__module__ != "outbox.django_tasks":
+        return []
+    try:
+        return list(get_transport().check())  # type: ignore[attr-defined]
+    except Exception as exc:
+        return [checks.Error(
+            f"Could not load the Django tasks the outbox enqueues to: {type(exc).__name__}: "
+            f"{exc}",
+            hint='OUTBOX["TASKS_TASK"] and OUTBOX["TASKS_TOPIC_TASKS"] name them '
+            "(docs/django-tasks.md).",
+            id="outbox.E120",
+        )]
+
+
+def _transport_class() -> type | None:
+    """The class of ``OUTBOX["TRANSPORT"]``, or None when it cannot be had."""
+    try:
+        value = outbox_settings.TRANSPORT
+        if isinstance(value, str):
+            value = import_string(value)
+    except Exception:  # a bad setting is reported by the settings check or the relay
+        return None
+    return value if isinstance(value, type) else type(value)

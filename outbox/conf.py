@@ -112,8 +112,18 @@ class OutboxSettings(AppSettings):
     #: publish signals); False builds the message with Celery and publishes
     #: it with kombu directly.
     CELERY_SEND_TASK = Setting(False, boolean)
-    #: Celery receivers (outbox.receiver): attempts at one message, the first
-    #: included, before it is parked in the dead-letter table.
+    #: Django tasks transport (outbox.django_tasks.DjangoTasksTransport): the
+    #: task (dotted path of a Django Task) each message is enqueued to, and
+    #: per-topic overrides.
+    TASKS_TASK = Setting(None, optional(text()))
+    TASKS_TOPIC_TASKS = Setting({}, text_mapping)
+    #: Django tasks receivers on django-tasks-db: a receiver task still marked
+    #: RUNNING this long after it started, whose worker no longer holds its
+    #: row (the worker died), is made ready again by requeue_outbox_tasks.
+    TASKS_STALLED_AFTER = Setting(timedelta(seconds=30), seconds(allow_zero=False))
+    #: Receivers (outbox.receiver, Celery; outbox.django_tasks.receiver_task):
+    #: attempts at one message, the first included, before it is parked in the
+    #: dead-letter table.
     RECEIVER_MAX_ATTEMPTS = Setting(10, integer(minimum=1))
     #: Celery receivers: delay before the second attempt; doubled for each further one.
     RECEIVER_RETRY_BACKOFF = Setting(timedelta(seconds=1), seconds())

@@ -110,11 +110,20 @@ def _redrive_one(
 
 
 def _is_receiver(name: str) -> bool:
-    return name.startswith("celery:")
+    return name.startswith(("celery:", "tasks:"))
 
 
 def _receiver_handler(name: str, tenant: int, row_id: int) -> Callable[[Message], object]:
     """Runs the receiver task's body on a parked message, in this process."""
+    if name.startswith("tasks:"):  # a receiver on Django's Tasks framework
+        from outbox.django_tasks import redrive_handler
+
+        handle = redrive_handler(name)
+        if handle is None:
+            raise ConsumerConfigError(
+                f"parked message {tenant}/{row_id} belongs to {name!r}, which does not name a "
+                "Django task made by outbox.django_tasks.receiver_task")
+        return handle
     from outbox.celery import DEAD_LETTER_PREFIX, receiver_body
 
     task_name = name.removeprefix(DEAD_LETTER_PREFIX)

@@ -27,11 +27,18 @@ from __future__ import annotations
 
 import functools
 import logging
+import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
+from django.db import transaction
+from django.utils import timezone
+
 from django_idempotency_outbox import metrics, tracing
+from django_idempotency_outbox.durations import backoff
 from outbox import signing, store
+from outbox.conf import outbox_settings
 from outbox.stream import Message
 from tenancy import tenant_context
 from tenancy.aliases import app_alias
@@ -137,3 +144,30 @@ def _running_task(run: Callable[..., Any]) -> Any:
     except ImportError:  # Celery is an optional extra
         return None
     return running_task(run)
+
+
+# -- what a worker does when a receiver fails (Celery's and Django tasks' alike) ----
+
+
+def retry_pause(attempt: int) -> float:
+    """Seconds before attempt ``attempt + 1``: ``RECEIVER_RETRY_BACKOFF`` doubled per attempt,
+    up to ``RECEIVER_RETRY_BACKOFF_MAX``."""
+    s = outbox_settings
+    return backoff(attempt, s.RECEIVER_RETRY_BACKOFF, s.RECEIVER_RETRY_BACKOFF_MAX)
+
+
+def park(consumer: str, message: Message, attempts: int, exc: BaseException,
+         *, using: str | None = None) -> None:
+    """Copy ``message`` into ``outbox_dead_letters`` as ``consumer``, with ``exc``'s traceback.
+
+    As the message's tenant, on the app alias, in a transaction of its own;
+    once per message and consumer (a second call finds the row and adds none).
+    """
+    alias = app_alias(using)
+    if message.created_at is None:
+        message = replace(message, created_at=timezone.now())
+    error = "".join(traceback.format_exception(exc)).strip()
+    with tenant_context(message.tenant_id, using=alias):
+        if not store.is_parked(alias, consumer, message.message_id):
+            store.park(alias, consumer, message, attempts, error)
+            transaction.on_commit(lambda: metrics.parked(consumer), using=alias)

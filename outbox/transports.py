@@ -83,6 +83,15 @@ class CeleryTransport(Transport):
     envelope's JSON as PostgreSQL wrote it (:class:`_RedisWire`, where the
     conditions are listed; docs/outbox.md).
 
+    On RabbitMQ (kombu's ``pyamqp`` transport) the batch is published on a
+    channel in confirm mode and :meth:`send` returns only once RabbitMQ has
+    confirmed every message of it (:class:`_AmqpWire`): a message nacked,
+    returned as unroutable, or not confirmed within the confirm timeout
+    raises, and the relay keeps its offset and sends the batch again. It
+    refuses to publish (``ConfigurationError``) to a RabbitMQ without
+    ``broker_transport_options = {"confirm_publish": True}`` or to a queue
+    that a restart would lose (``outbox.E110``/``E111`` say so at ``check``).
+
     Publishing is never retried inside Celery or kombu (``retry=False``): the
     relay does its own backoff and sends the batch again, so an outage never
     blocks inside kombu while holding a batch.
@@ -97,6 +106,13 @@ class CeleryTransport(Transport):
 
     def __init__(self, app: Any = None) -> None:
         self._app = app
+        self._amqp: _AmqpWire | None = None
+        self._amqp_applies: bool | None = None
+
+    def close(self) -> None:
+        if self._amqp is not None:
+            self._amqp.close()
+            self._amqp = None
 
     @property
     def app(self) -> Any:
@@ -150,7 +166,22 @@ class CeleryTransport(Transport):
         if not outbox_settings.CELERY_SEND_TASK:
             queues = {task: self._queue_for(task) for task in set(tasks)}
         declared: set[str] = set()
+        if self._amqp_applies is None:
+            self._amqp_applies = _AmqpWire.applies(app)
+        if queues and None not in queues.values() and self._amqp_applies:
+            if self._amqp is None:
+                self._amqp = _AmqpWire(app)
+            try:
+                self._amqp.send(app, items, tasks, queues)
+            except BaseException:
+                # Confirms of this batch may still be on their way: a new
+                # connection for the next one, whose numbering starts afresh.
+                self._amqp.close()
+                self._amqp = None
+                raise
+            return
         with app.producer_or_acquire() as producer:
+            _refuse_unconfirmed(producer)
             if queues and None not in queues.values():
                 wire = _RedisWire.for_producer(producer)
                 if wire is not None and wire.send(app, items, tasks, queues):
@@ -351,6 +382,195 @@ class _RedisWire:
                         pipe.lpush(key, *values)
                     pipe.execute()
         return True
+
+
+def _refuse_unconfirmed(producer: Any) -> None:
+    """Raise before publishing to RabbitMQ on a connection without publisher confirms."""
+    try:
+        from kombu.transport import pyamqp
+    except ImportError:  # py-amqp missing: not RabbitMQ
+        return
+    channel = producer.channel
+    if isinstance(channel, pyamqp.Channel) and not channel.connection.confirm_publish:
+        raise ConfigurationError(_NO_CONFIRMS)
+
+
+_NO_CONFIRMS = (
+    "the Celery broker is RabbitMQ without publisher confirms: the outbox will not publish "
+    "to it, since it could not know which messages RabbitMQ stored (set "
+    'broker_transport_options = {"confirm_publish": True}; outbox.E110)'
+)
+
+
+class _AmqpWire:
+    """The Celery transport on RabbitMQ: a whole batch published, then its confirms awaited.
+
+    kombu's ``confirm_publish`` makes each ``basic.publish`` wait for the
+    broker's ``basic.ack``: one round trip per message. Here the batch is
+    published at once, each message built by Celery's ``as_task_v2`` and
+    kombu's channel (``prepare_message``), with ``mandatory`` set, on a
+    channel of this transport's own connection in confirm mode; then the
+    acknowledgements are read until every message of the batch is confirmed.
+    RabbitMQ numbers a confirm channel's publishes from 1, so the batch is
+    confirmed when an ack covers the number of its last message (an ack may
+    cover several: ``multiple``). A ``basic.nack`` (RabbitMQ could not store
+    it), a ``basic.return`` (no queue took it) or no confirm within
+    ``broker_transport_options["confirm_timeout"]`` (30 s unless set) raises
+    :class:`BatchNotConfirmed`; the caller then drops the connection (late
+    confirms of this batch must not be counted for the next one).
+
+    RabbitMQ confirms a persistent message routed to a durable queue once it
+    is written to disk, so a confirmed batch survives a restart of the
+    broker. The queues are checked first (:func:`outbox.celery.transient_reason`)
+    and declared once per connection.
+
+    The channel is the transport's own, never one of Celery's producer pool:
+    a publish by someone else on a shared channel would shift the numbering.
+    """
+
+    __slots__ = ("_channel", "_connection", "_declared", "_published")
+
+    def __init__(self, app: Any) -> None:
+        # No heartbeats: nothing here would send them while the relay idles,
+        # and a dead peer shows as a confirm that does not come in time.
+        self._connection = app.connection_for_write(heartbeat=0)
+        self._channel: Any = None
+        self._published = 0  # publishes on this channel since confirm.select
+        self._declared: set[str] = set()
+
+    @staticmethod
+    def applies(app: Any) -> bool:
+        """Whether the app's broker is RabbitMQ through kombu's pyamqp transport."""
+        try:
+            from kombu.transport import pyamqp
+        except ImportError:
+            return False
+        from outbox.celery import is_amqp
+
+        if not is_amqp(app):
+            return False
+        with app.connection_for_write() as connection:  # not connected: no I/O
+            return isinstance(connection.transport, pyamqp.Transport)
+
+    def close(self) -> None:
+        try:
+            self._connection.release()
+        except Exception:  # already broken: nothing left to close
+            pass
+
+    def _confirming_channel(self) -> Any:
+        if self._channel is None:
+            connection = self._connection
+            connection.connect()
+            if not connection.connection.confirm_publish:
+                raise ConfigurationError(_NO_CONFIRMS)
+            channel = connection.channel()
+            channel.confirm_select()
+            self._channel, self._published, self._declared = channel, 0, set()
+        return self._channel
+
+    def send(
+        self, app: Any, items: Sequence[_Outgoing], tasks: Sequence[str], queues: dict[str, Any]
+    ) -> None:
+        from celery.utils.nodenames import anon_nodename
+        from kombu.entity import maybe_delivery_mode
+        from kombu.serialization import dumps as serialize
+        from kombu.utils.json import dumps as json_dumps
+
+        from outbox.celery import transient_reason
+
+        for queue in queues.values():
+            reason = transient_reason(queue)
+            if reason is not None:
+                raise ConfigurationError(
+                    f"the queue {queue.name!r} {reason}: RabbitMQ would lose its messages on a "
+                    "restart, after the relay moved past them (outbox.E111)")
+        channel = self._confirming_channel()
+        for queue in queues.values():
+            if queue.name not in self._declared:
+                queue(channel).declare()
+                self._declared.add(queue.name)
+        content_type, content_encoding, _ = serialize([], serializer="json")
+        modes = {t: maybe_delivery_mode(q.exchange.delivery_mode or 2) for t, q in queues.items()}
+        as_task = app.amqp.as_task_v2
+        origin = anon_nodename()
+        trace = tracing.enabled()
+        outcome = _Confirms(self._published, len(items))
+        channel.events["basic_ack"].add(outcome.ack)
+        channel.events["basic_nack"].add(outcome.nack)
+        channel.events["basic_return"].add(outcome.returned)
+        try:
+            tail: tuple[Any, str] = (None, "")
+            for item, task in zip(items, tasks, strict=True):
+                headers, properties, (_, kwargs, embed), _ = as_task(
+                    item.message_id, task, args=(), kwargs={}, origin=origin,
+                    argsrepr=item.argsrepr(), kwargsrepr="{}",
+                )
+                if trace:
+                    headers.update(item.trace_headers())
+                if tail[0] != (kwargs, embed):
+                    tail = ((kwargs, embed), f"{json_dumps(kwargs)},{json_dumps(embed)}]")
+                body = f"[[{item.as_json(json_dumps)}],{tail[1]}"
+                properties["delivery_mode"] = modes[task]
+                message = channel.prepare_message(
+                    body, properties.pop("priority", 0), content_type, content_encoding,
+                    headers, properties,
+                )
+                channel._basic_publish(message, exchange="", routing_key=queues[task].name,
+                                       mandatory=True)
+                self._published += 1
+            options = app.conf.broker_transport_options or {}
+            outcome.wait(self._connection.connection, float(options.get("confirm_timeout", 30)))
+        finally:
+            channel.events["basic_ack"].discard(outcome.ack)
+            channel.events["basic_nack"].discard(outcome.nack)
+            channel.events["basic_return"].discard(outcome.returned)
+
+
+class BatchNotConfirmed(Exception):
+    """RabbitMQ did not confirm every message of a batch: the relay sends it again."""
+
+
+class _Confirms:
+    """The confirms of one batch: publishes ``first + 1`` to ``first + count`` of a channel."""
+
+    __slots__ = ("acked", "count", "first", "last", "problem")
+
+    def __init__(self, first: int, count: int) -> None:
+        self.first = self.acked = first
+        self.count = count
+        self.last = first + count
+        self.problem = ""
+
+    def ack(self, delivery_tag: int, multiple: bool) -> None:
+        # Acks come in order of the publishes; a multiple one covers all before it.
+        self.acked = max(self.acked, delivery_tag)
+
+    def nack(self, delivery_tag: int, multiple: bool) -> None:
+        self.problem = self.problem or f"RabbitMQ refused to store message {delivery_tag} (nack)"
+
+    def returned(self, exc: Exception, exchange: str, routing_key: str, message: Any) -> None:
+        self.problem = self.problem or (
+            f"RabbitMQ returned a message for {routing_key!r}: {exc} (no queue took it)")
+
+    def wait(self, connection: Any, timeout: float) -> None:
+        import time
+
+        deadline = time.monotonic() + timeout
+        while self.acked < self.last and not self.problem:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                connection.drain_events(timeout=remaining)
+            except TimeoutError:
+                break
+        if self.problem:
+            raise BatchNotConfirmed(self.problem)
+        if self.acked < self.last:
+            raise BatchNotConfirmed(
+                f"RabbitMQ confirmed {self.acked - self.first} of {self.count} message(s) "
+                f"within {timeout:g} s")
 
 
 def get_transport(transport: Transport | str | None = None) -> Transport:

@@ -1,13 +1,15 @@
 """The fault-injection soak of the example shop: ``make soak ARGS="--duration 600"``.
 
-    python -m example_project.soak [--duration S] [--seed N] [--threads N]
-        [--fault-every S] [--lose P] [--duplicate P] [--faults KIND,...]
+    python -m example_project.soak [--broker redis|rabbitmq] [--duration S] [--seed N]
+        [--threads N] [--fault-every S] [--lose P] [--duplicate P] [--faults KIND,...]
         [--drain-timeout S] [--run-dir DIR] [--database NAME]
 
-Needs PostgreSQL and Redis from scripts/services (``make soak`` starts and
-stops them). It creates a database of its own, starts the shop's processes
-under scripts/supervise (gateway, gunicorn, Celery worker and beat, the
-relay, the consumers), puts a lossy proxy in front of gunicorn, runs clients
+Needs PostgreSQL and the broker from scripts/services (``make soak`` starts and
+stops them; ``make soak BROKER=rabbitmq`` runs the shop's Celery on RabbitMQ,
+with publisher confirms, and restarts RabbitMQ where it would restart Redis).
+It creates a database of its own, starts the shop's processes under
+scripts/supervise (gateway, gunicorn, Celery worker and beat, the relay, the
+consumers), puts a lossy proxy in front of gunicorn, runs clients
 that order and pay while the seeded fault schedule kills and restarts things,
 then stops the clients and the faults, waits for the drain, prints the table
 and the invariants, stops every process it started, and exits 1 if any
@@ -28,11 +30,10 @@ import sys
 import time
 from pathlib import Path
 
-import redis
 import requests
 
 from . import check
-from .faults import KINDS, Injector, schedule
+from .faults import KINDS, KNOWN, Injector, default_kinds, schedule
 from .load import Load
 from .proxy import LossyProxy
 
@@ -67,16 +68,19 @@ def probability(text: str) -> float:
 
 def fault_kinds(text: str) -> list[str]:
     kinds = [k.strip() for k in text.split(",") if k.strip()]
-    unknown = [k for k in kinds if k not in KINDS]
+    unknown = [k for k in kinds if k not in KNOWN]
     if unknown or not kinds:
         raise argparse.ArgumentTypeError(
-            f"unknown fault kind(s) {', '.join(unknown) or '(none)'}; known: {', '.join(KINDS)}")
+            f"unknown fault kind(s) {', '.join(unknown) or '(none)'}; known: {', '.join(KNOWN)}")
     return kinds
 
 
 def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m example_project.soak",
                                      description="A fault-injection soak of the example shop.")
+    parser.add_argument("--broker", choices=["redis", "rabbitmq"],
+                        default=os.environ.get("DIO_SOAK_BROKER", "redis"),
+                        help="Celery's broker (default redis; DIO_SOAK_BROKER sets it too)")
     parser.add_argument("--duration", type=positive(float), default=600.0,
                         help="seconds of load and faults, before the drain (default 600)")
     parser.add_argument("--seed", type=int, default=None,
@@ -90,9 +94,9 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
                         help="share of answers the proxy loses (default 0.05)")
     parser.add_argument("--duplicate", type=probability, default=0.05,
                         help="share of requests the proxy sends twice (default 0.05)")
-    parser.add_argument("--faults", type=fault_kinds, default=list(KINDS),
-                        help="comma-separated fault kinds (default: all: "
-                             + ",".join(KINDS) + ")")
+    parser.add_argument("--faults", type=fault_kinds, default=None,
+                        help="comma-separated fault kinds (default: all of the broker's: "
+                             + ",".join(KINDS) + "; rabbitmq in place of redis on RabbitMQ)")
     parser.add_argument("--drain-timeout", type=positive(float), default=300.0,
                         help="seconds to wait for the clients' last answers and for the drain "
                              "(default 300; a killed Celery worker's task waits for the "
@@ -107,6 +111,11 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
                         help="logs, pid files, the Procfile (default .run/soak)")
     parser.add_argument("--database", default="soak", help="the database to (re)create")
     args = parser.parse_args(argv)
+    if args.faults is None:
+        args.faults = default_kinds(args.broker)
+    wrong = {"redis": "rabbitmq", "rabbitmq": "redis"}[args.broker]
+    if wrong in args.faults:
+        parser.error(f"--faults {wrong}: the soak runs on {args.broker}")
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1, 10**6)
     return args
@@ -207,14 +216,20 @@ def wait_until(predicate, timeout: float, what: str, every: float = 0.5) -> bool
 
 def prepare(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, dict]]:
     """The environment of the shop's processes, its fresh database, and the users."""
-    for name in ("DIO_PGPORT", "DIO_PGSOCKET", "DIO_REDIS_URL"):
+    needed = ("DIO_PGPORT", "DIO_PGSOCKET",
+              "DIO_AMQP_URL" if args.broker == "rabbitmq" else "DIO_REDIS_URL")
+    for name in needed:
         if not os.environ.get(name):
             fail_setup(f"{name} is not set: run the soak under scripts/services "
-                       "(make soak ARGS=..., or scripts/services run pg redis -- ...)")
+                       f"(make soak BROKER={args.broker} ARGS=..., or scripts/services run pg "
+                       f"{'redis rabbitmq' if args.broker == 'rabbitmq' else 'redis'} -- ...)")
     port, db = os.environ["DIO_PGPORT"], args.database
     app, worker, system, owner = (os.environ.get(f"DIO_{r}_ROLE", f"dio_{r.lower()}")
                                   for r in ("APP", "WORKER", "SYSTEM", "OWNER"))
-    broker = os.environ["DIO_REDIS_URL"].rsplit("/", 1)[0] + "/7"  # a Redis database of its own
+    if args.broker == "rabbitmq":
+        broker = os.environ["DIO_AMQP_URL"]  # example_project/settings.py turns confirms on
+    else:
+        broker = os.environ["DIO_REDIS_URL"].rsplit("/", 1)[0] + "/7"  # a Redis database of its own
     env = {
         **os.environ,
         "PYTHONUNBUFFERED": "1",
@@ -247,9 +262,7 @@ def prepare(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, dict]]:
                 "SELECT sku FROM shop_product WHERE tenant_id = %s ORDER BY sku",
                 [user["merchant"]])]
             users[name] = {"token": user["token"], "skus": skus}
-    client = redis.Redis.from_url(broker)
-    client.flushdb()
-    client.close()
+    check.empty_broker(broker)
     return env, users
 
 
@@ -260,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     for old in args.run_dir.glob("*.log"):
         old.unlink()
     faults = schedule(args.seed, args.duration, args.fault_every, args.faults)
-    say(f"seed {args.seed}; {args.duration:g} s of load from {args.threads} clients; proxy loses "
+    say(f"broker {args.broker}; seed {args.seed}; {args.duration:g} s of load from "
+        f"{args.threads} clients; proxy loses "
         f"{args.lose:.0%} of answers, duplicates {args.duplicate:.0%} of requests")
     say(f"fault schedule ({len(faults)}): "
         + ", ".join(f"{f.at:g} s {f.kind}" for f in faults))
@@ -359,7 +373,8 @@ def report(args, load, injector, proxy, snap, restarts, lost) -> int:
     if injector.failures:
         results.append(("every scheduled fault injected", False, "; ".join(injector.failures)))
     width = 58
-    lines = ["", f"soak: seed {args.seed}, {args.duration:g} s, {args.threads} clients",
+    lines = ["", f"soak: {args.broker}, seed {args.seed}, {args.duration:g} s, "
+             f"{args.threads} clients",
              "", "faults injected".ljust(width) + "count"]
     lines += [f"  {kind}".ljust(width) + str(injector.counts[kind]) for kind in args.faults]
     lines += [f"  proxy: {fate}".ljust(width) + str(proxy.counts[fate])

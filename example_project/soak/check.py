@@ -2,15 +2,18 @@
 
 Everything is read with one PostgreSQL superuser session over the cluster's
 Unix socket (row-level security does not hide rows from it), the gateway's
-own list of charges, and Redis's queue and unacknowledged tasks.
+own list of charges, and the broker's queue and unacknowledged tasks (Redis's
+list and hash, or RabbitMQ's counts from rabbitmqctl).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.request import urlopen
 
 import psycopg
@@ -31,11 +34,41 @@ def gateway_charges(gateway_url: str) -> list[dict]:
 
 def broker_backlog(broker_url: str) -> int:
     """Tasks queued or delivered and not yet acknowledged."""
+    if broker_url.startswith("amqp"):
+        return rabbitmq_backlog()
     client = redis.Redis.from_url(broker_url)
     try:
         return int(client.llen("celery")) + int(client.hlen("unacked"))
     finally:
         client.close()
+
+
+def rabbitmq_backlog() -> int:
+    """Tasks in the shop's queue (``celery``) of the private RabbitMQ, ready or unacknowledged.
+
+    Only that queue: Celery's workers also have queues of their own for
+    remote control and events, where a worker that was killed may leave a
+    broadcast nobody reads.
+    """
+    root = Path(__file__).resolve().parents[2]
+    listed = subprocess.run(
+        [str(root / "scripts" / "services"), "rabbitmqctl", "list_queues", "name", "messages"],
+        capture_output=True, text=True, timeout=60, check=True).stdout
+    return sum(int(fields[1]) for fields in (line.split() for line in listed.splitlines())
+               if len(fields) == 2 and fields[0] == "celery" and fields[1].isdigit())
+
+
+def empty_broker(broker_url: str) -> None:
+    """Nothing left from an earlier run: Redis's database flushed, RabbitMQ's queue deleted."""
+    if broker_url.startswith("amqp"):
+        from kombu import Connection
+
+        with Connection(broker_url) as connection:
+            connection.default_channel.queue_delete("celery")
+        return
+    client = redis.Redis.from_url(broker_url)
+    client.flushdb()
+    client.close()
 
 
 @dataclass

@@ -4,13 +4,13 @@ The schedule is drawn from the seed before the run starts and printed: the
 kinds asked for, shuffled, first (so a short run sees each one at least
 once), then kinds drawn at random; the pauses between faults are
 exponential around ``--fault-every`` seconds. Which gunicorn worker dies, and
-how Redis stops, are drawn from the same seed as the faults happen.
+how Redis or RabbitMQ stops, are drawn from the same seed as the faults happen.
 
 The application's processes (gunicorn's master, the relay, the consumers,
 Celery's worker and beat) are killed with SIGKILL and brought back by the
 supervisor (scripts/supervise), never by the soak; gunicorn's workers are
-brought back by their master. PostgreSQL and Redis are restarted here, on the
-ports they keep (scripts/services).
+brought back by their master. PostgreSQL and the broker (Redis or RabbitMQ)
+are restarted here, on the ports they keep (scripts/services).
 """
 
 from __future__ import annotations
@@ -37,6 +37,18 @@ KINDS = (
     "redis",            # Redis stopped (SIGTERM or SIGKILL, drawn) and started again
     "gateway-pause",    # SIGSTOP the payment gateway for 2-6 s, then SIGCONT
 )
+#: On RabbitMQ (--broker rabbitmq) the broker's fault is RabbitMQ's node stopped
+#: (SIGTERM or SIGKILL, drawn) and started again, in place of Redis's.
+RABBITMQ_KINDS = tuple("rabbitmq" if kind == "redis" else kind for kind in KINDS)
+#: Every kind --faults accepts.
+KNOWN = (*KINDS, "rabbitmq")
+
+
+def default_kinds(broker: str) -> list[str]:
+    """Every kind of the soak's broker: KINDS on Redis, RABBITMQ_KINDS on RabbitMQ."""
+    return list(RABBITMQ_KINDS if broker == "rabbitmq" else KINDS)
+
+
 PROGRAM_OF = {"web-master": "web", "relay": "relay", "consumers": "consumers",
               "celery-worker": "worker", "celery-beat": "beat"}
 
@@ -232,6 +244,25 @@ class Injector:
         else:
             raise RuntimeError("Redis did not answer after its restart")
         return (f"Redis pid {pid} stopped with {signal.Signals(sig).name} and started again "
+                f"on :{port} in {time.monotonic() - started:.1f} s")
+
+    def _rabbitmq(self) -> str:
+        """SIGKILL: the node crashes; SIGTERM: it shuts down cleanly. scripts/services
+        starts it again on its ports, with its data (what it confirmed is on disk)."""
+        directory = self.root / ".run" / "rabbitmq"
+        pid = int((directory / "node.pid").read_text())
+        sig = self.rng.choice([signal.SIGTERM, signal.SIGKILL])
+        started = time.monotonic()
+        os.kill(pid, sig)
+        deadline = time.monotonic() + 90
+        while Path(f"/proc/{pid}").exists() and not _zombie(pid):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"RabbitMQ (pid {pid}) did not stop")
+            time.sleep(0.05)
+        subprocess.run([str(self.root / "scripts" / "services"), "start", "rabbitmq"],
+                       check=True, capture_output=True, timeout=120)
+        port = (directory / "port").read_text().strip()
+        return (f"RabbitMQ pid {pid} stopped with {signal.Signals(sig).name} and started again "
                 f"on :{port} in {time.monotonic() - started:.1f} s")
 
 

@@ -3,6 +3,10 @@
 ``celery -A tests.outbox.celery_app worker -Q <queue>``: receives the
 envelopes the relay sends and records each as an Order, de-duplicated by
 message id in the same transaction (outbox.receivers).
+
+The broker is the suite's Redis, or ``DIO_BROKER_URL`` (RabbitMQ, with
+publisher confirms, as the outbox requires). :func:`build` makes the same app
+for another broker, for the relay of a test in this process.
 """
 
 from __future__ import annotations
@@ -22,21 +26,7 @@ from outbox.stream import Message  # noqa: E402
 from tenancy import current_tenant_id  # noqa: E402
 from tests.testapp.models import Order  # noqa: E402
 
-app = Celery("dio_outbox_tests", broker=settings.CELERY_BROKER_URL)
-app.conf.update(
-    task_default_queue=settings.OUTBOX["CELERY_QUEUE"],
-    task_acks_late=True,
-    task_reject_on_worker_lost=True,
-    worker_prefetch_multiplier=16,
-    broker_connection_retry_on_startup=True,
-    task_ignore_result=True,
-)
 
-
-# shared=False: this app's task only. A shared task (Celery's default) joins
-# every Celery app created after this module is imported, such as the apps
-# tests/outbox/test_checks.py builds to check their receivers.
-@app.task(name="tests.outbox.receive_order", shared=False)
 @receiver("tests.receive_order")
 def receive_order(message: Message) -> None:
     Order.objects.create(
@@ -44,3 +34,27 @@ def receive_order(message: Message) -> None:
         sku=str(message.payload.get("sku", ""))[:50],
         note=str(message.message_id),
     )
+
+
+def build(broker_url: str) -> Celery:
+    """The end-to-end tests' app on ``broker_url`` (RabbitMQ: with publisher confirms)."""
+    built = Celery("dio_outbox_tests", broker=broker_url, set_as_current=False)
+    built.conf.update(
+        task_default_queue=settings.OUTBOX["CELERY_QUEUE"],
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=16,
+        broker_connection_retry_on_startup=True,
+        task_ignore_result=True,
+    )
+    if broker_url.startswith("amqp"):
+        built.conf.broker_transport_options = {"confirm_publish": True}
+    # shared=False: this app's task only. A shared task (Celery's default) joins
+    # every Celery app created after this module is imported, such as the apps
+    # tests/outbox/test_checks.py builds to check their receivers.
+    built.task(name="tests.outbox.receive_order", shared=False)(receive_order)
+    return built
+
+
+app = build(os.environ.get("DIO_BROKER_URL") or settings.CELERY_BROKER_URL)
+app.set_current()

@@ -225,3 +225,49 @@ def queue_length(name: str) -> int:
     """How many tasks wait in the Redis list ``name`` on the suite's broker."""
     with redis.Redis.from_url(django_settings.CELERY_BROKER_URL) as client:
         return int(client.llen(name))
+
+
+class Broker:
+    """The broker a parametrised test runs on: the suite's Redis or its RabbitMQ.
+
+    ``env`` is what a subprocess (a worker, a relay) needs to use it; ``app``
+    the Celery app the relay in this process sends through (None: the
+    settings' own, on Redis).
+    """
+
+    def __init__(self, name: str, url: str) -> None:
+        self.name = name
+        self.url = url
+        self.env = {"DIO_BROKER_URL": url} if name == "rabbitmq" else {}
+        self.app: Any = None
+        if name == "rabbitmq":
+            from tests.outbox.celery_app import build
+
+            self.app = build(url)
+
+    def __repr__(self) -> str:
+        return self.name
+
+    def length(self, queue: str) -> int:
+        """Messages waiting in ``queue`` (on RabbitMQ: ready, not delivered to a worker)."""
+        if self.name == "rabbitmq":
+            from tests.outbox.rig import amqp_queue_length
+
+            return amqp_queue_length(self.url, queue)
+        with redis.Redis.from_url(self.url) as client:
+            return int(client.llen(queue))
+
+    def delete(self, queue: str) -> None:
+        if self.name == "rabbitmq":
+            from kombu import Connection
+
+            with Connection(self.url) as connection:
+                connection.default_channel.queue_delete(queue)
+            return
+        with redis.Redis.from_url(self.url) as client:
+            client.delete(queue)
+
+
+def amqp_url() -> str | None:
+    """The suite's RabbitMQ (scripts/services run ... rabbitmq exports DIO_AMQP_URL)."""
+    return os.environ.get("DIO_AMQP_URL") or None

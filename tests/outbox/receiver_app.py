@@ -15,6 +15,10 @@ payload steers it:
 broker looks for unacknowledged messages every second, so that a message
 taken by a killed worker comes back within seconds (an hour by default).
 
+``DIO_BROKER_URL`` puts the app on another broker than the suite's Redis:
+RabbitMQ (with publisher confirms, which the outbox requires; no visibility
+timeout there: a message comes back when its worker's connection closes).
+
 ``DIO_STALL_AFTER_POP``, a file: the worker stops for an hour right after it
 has taken a message from its Redis list and before kombu records it as
 unacknowledged (touching the file first), to be killed in that window.
@@ -53,13 +57,14 @@ if os.environ.get("DIO_STALL_AFTER_POP"):
 
     kombu_redis.QoS.append = _stall_then_record
 
-app = Celery("dio_receiver_tests", broker=settings.CELERY_BROKER_URL)
+BROKER_URL = os.environ.get("DIO_BROKER_URL") or settings.CELERY_BROKER_URL
+app = Celery("dio_receiver_tests", broker=BROKER_URL)
 app.conf.update(
     task_default_queue=settings.OUTBOX["CELERY_QUEUE"],
     worker_prefetch_multiplier=4,
     broker_connection_retry_on_startup=True,
     task_ignore_result=True,
-    broker_transport_options={
+    broker_transport_options={"confirm_publish": True} if BROKER_URL.startswith("amqp") else {
         "visibility_timeout": float(os.environ.get("DIO_VISIBILITY_TIMEOUT", "3600")),
         "unacked_restore_interval": 1,
         "unacked_restore_throttle": 1,

@@ -1,7 +1,8 @@
 """The library's processes under crashes, restarts of the database, and SIGTERM.
 
 Each test runs the real commands (manage.py run_consumers / relay_outbox, a
-celery worker) as subprocesses against the test database and Redis.
+celery worker) as subprocesses against the test database and Redis; those
+that take the ``broker`` fixture run on RabbitMQ too.
 """
 
 from __future__ import annotations
@@ -35,13 +36,13 @@ from tests.outbox.helpers import (
 
 A, B = 1, 2
 
-def worker(queue: str, tmp_path) -> Process:
+def worker(queue: str, tmp_path, env: dict[str, str] | None = None) -> Process:
     proc = Process(
         [sys.executable, "-m", "celery", "-A", "tests.outbox.celery_app", "worker",
          "-P", "solo", "-Q", queue, "--without-mingle", "--without-gossip",
          "--without-heartbeat", "-l", "info", "-n", f"{queue}@%h"],
         tmp_path / "worker.log",
-        env={**SUBPROCESS_SETTINGS, "DIO_CELERY_QUEUE": queue},
+        env={**SUBPROCESS_SETTINGS, "DIO_CELERY_QUEUE": queue, **(env or {})},
     )
     proc.wait_output("ready.")
     return proc
@@ -171,46 +172,49 @@ def test_the_relay_loop_survives_losing_the_database_and_stops_on_sigterm(tmp_pa
 
 
 def test_a_relay_killed_between_publish_and_offset_advance_resends_and_the_receiver_deduplicates(
-    tmp_path, queue
+    tmp_path, broker, queue
 ):
     ids = publish_many(A, "order.placed", [{"sku": f"k{i}"} for i in range(5)])
-    env = {**SUBPROCESS_SETTINGS, "DIO_CELERY_QUEUE": queue, "DIO_RELAY_LEASE": "1"}
+    env = {**SUBPROCESS_SETTINGS, "DIO_CELERY_QUEUE": queue, "DIO_RELAY_LEASE": "1",
+           **broker.env}
     dying = Process.manage(
         "relay_outbox", "--once", "--transport", "tests.outbox.transports.DieAfterSend",
         log=tmp_path / "dying.log", env=env,
     )
     assert dying.popen.wait(120) == -signal.SIGKILL
     dying.kill()
-    assert queue_length(queue) == 5  # published...
+    assert broker.length(queue) == 5  # published (on RabbitMQ: confirmed)...
     assert offset("relay:default")[0] == 0  # ...but the offset never moved
     # A new relay takes over once the dead one's lease has run out.
     again = Process.manage("relay_outbox", log=tmp_path / "relay.log", env=env)
     try:
-        wait_for(lambda: queue_length(queue) == 10, "the batch published a second time")
+        wait_for(lambda: broker.length(queue) == 10, "the batch published a second time")
         wait_for(lambda: offset("relay:default")[0] > 0, "the new relay's offset to advance")
         assert again.stop() == 0
     finally:
         again.kill()
-    proc = worker(queue, tmp_path)
+    proc = worker(queue, tmp_path, broker.env)
     try:
-        wait_for(lambda: queue_length(queue) == 0 and count_rows("outbox_received") == 5,
+        wait_for(lambda: broker.length(queue) == 0 and count_rows("outbox_received") == 5,
                  "the worker to drain the queue")
         wait_for(lambda: "succeeded" in proc.output and proc.output.count("succeeded") >= 10,
                  "every delivery to finish")
     finally:
         proc.stop()
     assert effects() == {str(i): 1 for i in ids}  # ten deliveries, five effects
+    assert proc.output.count("already handled") == 5
 
 
-def test_end_to_end_through_redis_and_a_celery_worker(tmp_path, queue):
+def test_end_to_end_through_a_broker_and_a_celery_worker(tmp_path, broker, queue):
     from outbox.relay import Relay
 
-    proc = worker(queue, tmp_path)
+    proc = worker(queue, tmp_path, broker.env)
     try:
         ids = publish_many(A, "order.placed", [{"sku": f"a{i}"} for i in range(20)])
         ids += publish_many(B, "order.placed", [{"sku": f"b{i}"} for i in range(20)])
         relay = Relay()
         wait_for(lambda: relay.drain() >= 0 and len(effects()) == 40, "the worker's effects")
+        relay.transport.close()
     finally:
         assert proc.stop() == 0
     assert effects() == {str(i): 1 for i in ids}

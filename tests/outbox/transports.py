@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from outbox.stream import Message
-from outbox.transports import CeleryTransport
+from outbox.transports import CeleryTransport, Transport
 
 
 class DieAfterSend(CeleryTransport):
@@ -31,3 +31,49 @@ class SlowSend(CeleryTransport):
             Path(os.environ["DIO_SEND_MARKER"]).touch()
         time.sleep(float(os.environ.get("DIO_SEND_DELAY", "0")))
         super().send(messages)
+
+
+class DieAfterTasksSend(Transport):
+    """The Django tasks transport's send (its batch committed), then SIGKILL before the
+    relay can advance its offset."""
+
+    def send(self, messages: Sequence[Message]) -> None:
+        from outbox.django_tasks import DjangoTasksTransport
+
+        DjangoTasksTransport().send(messages)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _dies_mid_tasks_batch() -> type:
+    from outbox.django_tasks import DjangoTasksTransport
+
+    class DieMidTasksBatch(DjangoTasksTransport):
+        """Enqueues two messages of the batch, then the process dies (SIGKILL) while
+        enqueueing the third: on django-tasks-db, nothing of the batch is left."""
+
+        def task_for(self, topic: str) -> object:
+            return _DyingTask(super().task_for(topic))
+
+    return DieMidTasksBatch
+
+
+class _DyingTask:
+    enqueued = 0
+
+    def __init__(self, task: object) -> None:
+        self.task = task
+
+    def get_backend(self) -> object:
+        return self.task.get_backend()  # type: ignore[attr-defined]
+
+    def enqueue(self, *args: object, **kwargs: object) -> object:
+        if _DyingTask.enqueued == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        _DyingTask.enqueued += 1
+        return self.task.enqueue(*args, **kwargs)  # type: ignore[attr-defined]
+
+
+def __getattr__(name: str) -> type:
+    if name == "DieMidTasksBatch":  # built on first use: the Django tasks modules load late
+        return _dies_mid_tasks_batch()
+    raise AttributeError(name)

@@ -1,0 +1,423 @@
+"""The outbox on Django's Tasks framework: a transport that enqueues, receivers that are tasks.
+
+``django.tasks`` (Django 6.0) or its backport for Django 5.2, the
+``django-tasks`` package (module ``django_tasks``): whichever is importable,
+``django.tasks`` first. No Celery is needed anywhere.
+
+The relay enqueues each message as a task (:class:`DjangoTasksTransport`)::
+
+    OUTBOX = {
+        "TRANSPORT": "outbox.django_tasks.DjangoTasksTransport",
+        "TASKS_TASK": "shop.tasks.on_event",                       # every message...
+        "TASKS_TOPIC_TASKS": {"order.paid": "shop.tasks.send_receipt"},  # ...or per topic
+    }
+
+and a receiver is a task built by :func:`receiver_task`::
+
+    @receiver_task("shop.send_receipt")
+    def send_receipt(message):              # an outbox.Message, as its tenant
+        Receipt.objects.create(...)
+
+It keeps the promises of a Celery receiver (docs/django-tasks.md): its record
+in ``outbox_received`` drops duplicates in the transaction of its writes; a
+failure is retried (a new task, after ``RECEIVER_RETRY_BACKOFF`` doubled per
+attempt, where the backend can defer) and parked in ``outbox_dead_letters``
+as ``tasks:<task path>`` after ``RECEIVER_MAX_ATTEMPTS``; the tenant comes
+from the envelope; with ``SIGNING_KEYS`` set an envelope that does not verify
+is refused.
+
+What the outbox can promise depends on the backend:
+
+- **django-tasks-db** (``django_tasks_db.DatabaseBackend``): a batch is
+  enqueued in one transaction on the tasks' database, committed before the
+  relay advances its offset: at least once, and a batch is in the queue whole
+  or not at all. A worker that dies mid-task leaves its task marked
+  RUNNING for good; :func:`requeue_stalled` (``manage.py
+  requeue_outbox_tasks``) makes it ready again once it is no longer held (a
+  running receiver holds its task's row locked in its transaction).
+- **any other backend**: at least once only as far as its ``enqueue`` stores
+  the task durably before returning; the outbox cannot tell (``outbox.W121``).
+  Django's ``ImmediateBackend`` runs the receiver inside the relay's
+  ``enqueue``; the ``DummyBackend`` keeps nothing (``outbox.E120``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from django.core import checks
+from django.db import router, transaction
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from django_idempotency_outbox.errors import ConfigurationError
+from outbox import signing
+from outbox.conf import outbox_settings
+from outbox.exceptions import BadSignature
+from outbox.receivers import park, receive, retry_pause
+from outbox.stream import Message
+from outbox.transports import Transport
+
+T = TypeVar("T")
+
+logger = logging.getLogger("outbox")
+
+#: How the dead letters of a Django task are named in ``outbox_dead_letters.consumer``.
+DEAD_LETTER_PREFIX = "tasks:"
+
+
+def tasks_api() -> Any:
+    """``django.tasks`` where Django has it (6.0+), else the ``django_tasks`` backport.
+
+    Raises:
+        ImportError: neither is installed.
+    """
+    try:
+        return importlib.import_module("django.tasks")
+    except ImportError:
+        return importlib.import_module("django_tasks")
+
+
+def _task_class() -> type:
+    return importlib.import_module(tasks_api().__name__ + ".base").Task  # type: ignore[no-any-return]
+
+
+def _database_backend() -> type | None:
+    """django-tasks-db's backend class, or None when it is not installed."""
+    try:
+        from django_tasks_db.backend import DatabaseBackend
+    except ImportError:
+        return None
+    return DatabaseBackend
+
+
+def _dummy_backend() -> type | None:
+    try:
+        return importlib.import_module(  # type: ignore[no-any-return]
+            tasks_api().__name__ + ".backends.dummy").DummyBackend
+    except (ImportError, AttributeError):
+        return None
+
+
+def dead_letter_name(task_path: str) -> str:
+    """The ``consumer`` of a Django task's dead letters: ``tasks:<task path>``."""
+    return f"{DEAD_LETTER_PREFIX}{task_path}"
+
+
+def load_task(path: str) -> Any:
+    """The Django Task at dotted ``path``.
+
+    Raises:
+        ConfigurationError: it cannot be imported, or is not a Task.
+    """
+    try:
+        found = import_string(path)
+    except ImportError as exc:
+        raise ConfigurationError(f"cannot import the Django task {path!r}: {exc}") from exc
+    if not isinstance(found, _task_class()):
+        raise ConfigurationError(
+            f"{path!r} is a {type(found).__name__}, not a Django task (decorate it with "
+            "@outbox.django_tasks.receiver_task or django.tasks' @task)")
+    return found
+
+
+def configured_task_paths() -> list[str]:
+    """``OUTBOX["TASKS_TASK"]`` and the values of ``TASKS_TOPIC_TASKS``, each once."""
+    paths = set(outbox_settings.TASKS_TOPIC_TASKS.values())
+    if outbox_settings.TASKS_TASK:
+        paths.add(outbox_settings.TASKS_TASK)
+    return sorted(paths)
+
+
+# -- the transport -------------------------------------------------------------------
+
+
+class DjangoTasksTransport(Transport):
+    """Enqueues each message as a Django task: ``TASKS_TOPIC_TASKS[topic]`` or ``TASKS_TASK``.
+
+    The task is called with the message's envelope (a JSON-serialisable dict,
+    signed when ``SIGNING_KEYS`` is set). When every task of a batch uses
+    django-tasks-db, the batch is enqueued in one transaction on the tasks'
+    database: it is committed whole before :meth:`send` returns (and the relay
+    advances), or not at all. Other backends enqueue message by message; a
+    failure part-way raises and the relay sends the whole batch again
+    (receivers drop what they had).
+    """
+
+    def task_for(self, topic: str) -> Any:
+        path = outbox_settings.TASKS_TOPIC_TASKS.get(topic) or outbox_settings.TASKS_TASK
+        if not path:
+            raise ConfigurationError(
+                f'no Django task for topic {topic!r}: set OUTBOX["TASKS_TASK"] or '
+                'OUTBOX["TASKS_TOPIC_TASKS"]')
+        return load_task(str(path))
+
+    def send(self, messages: Sequence[Message]) -> None:
+        routes: dict[str, Any] = {}  # topic -> task; configuration errors before any I/O
+        for message in messages:
+            if message.topic not in routes:
+                routes[message.topic] = self.task_for(message.topic)
+        tasks = [routes[m.topic] for m in messages]
+        database = self._one_database(routes.values())
+        if database is None:
+            for message, task in zip(messages, tasks, strict=True):
+                task.enqueue(message.envelope())
+            return
+        with transaction.atomic(using=database):
+            for message, task in zip(messages, tasks, strict=True):
+                task.enqueue(message.envelope())
+
+    @staticmethod
+    def _one_database(tasks: Iterable[Any]) -> str | None:
+        """The database alias of django-tasks-db when every task uses it, else None."""
+        backend_class = _database_backend()
+        if backend_class is None:
+            return None
+        if not all(isinstance(t.get_backend(), backend_class) for t in tasks):
+            return None
+        from django_tasks_db.models import DBTaskResult
+
+        return router.db_for_write(DBTaskResult)
+
+    def check(self) -> list[checks.CheckMessage]:
+        """``outbox.E120``: no task, or a backend that keeps nothing; ``W121``: one we
+        cannot vouch for."""
+        paths = configured_task_paths()
+        if not paths:
+            return [checks.Error(
+                "OUTBOX[\"TRANSPORT\"] is the Django tasks transport but no task is set.",
+                hint='Set OUTBOX["TASKS_TASK"] or OUTBOX["TASKS_TOPIC_TASKS"].',
+                id="outbox.E120")]
+        problems: list[checks.CheckMessage] = []
+        durable, dummy = _database_backend(), _dummy_backend()
+        for path in paths:
+            backend = load_task(path).get_backend()
+            name = f"{type(backend).__module__}.{type(backend).__name__}"
+            if dummy is not None and isinstance(backend, dummy):
+                problems.append(checks.Error(
+                    f"The Django task {path} uses {name}, which keeps tasks in memory and runs "
+                    "none: every message the relay moves past would be lost.",
+                    hint="Use django-tasks-db's DatabaseBackend (docs/django-tasks.md).",
+                    id="outbox.E120"))
+            elif durable is None or not isinstance(backend, durable):
+                problems.append(checks.Warning(
+                    f"The Django task {path} uses {name}: the relay moves past a message once "
+                    "enqueue() returns, and the outbox cannot tell whether this backend has "
+                    "stored the task durably by then.",
+                    hint="django-tasks-db's DatabaseBackend commits the batch before the relay "
+                    "advances (docs/django-tasks.md).",
+                    id="outbox.W121"))
+        return problems
+
+
+# -- receivers -----------------------------------------------------------------------
+
+
+def receiver_task(
+    name: str, *, using: str | None = None, **task_options: Any
+) -> Callable[[Callable[[Message], Any]], Any]:
+    """Make ``func(message)`` a Django task that receives outbox envelopes once each.
+
+    Args:
+        name: the receiver's stable name (its rows in ``outbox_received``).
+        using: the app database alias (``TENANCY["APP_DATABASE"]``).
+        task_options: for Django's ``@task`` (``queue_name``, ``priority``,
+            ``backend``); ``takes_context`` is the receiver's own.
+
+    The task takes the envelope (and the attempt, which the receiver passes
+    itself when it retries). It runs ``func`` as the message's tenant, in one
+    transaction with the receiver's record; a duplicate is skipped. A failure
+    enqueues the task again for the next attempt (after the retry pause, when
+    the backend supports ``run_after``) and, after ``RECEIVER_MAX_ATTEMPTS``,
+    parks the message as ``tasks:<task path>``. An envelope whose signature
+    does not verify (``SIGNING_KEYS``), or that is not an outbox message, is
+    refused: logged as an ERROR, never retried or parked.
+
+    The task ends SUCCESSFUL whenever the message's fate is settled; its
+    return value's ``"outcome"`` says how: ``handled``, ``duplicate``,
+    ``retried`` (a new task runs the next attempt), ``parked`` or ``refused``.
+    It ends FAILED only when the receiver could not settle it (the retry could
+    not be enqueued, nor the message parked): ``requeue_outbox_tasks`` makes
+    such a task ready again.
+    """
+
+    def decorate(func: Callable[[Message], Any]) -> Any:
+        def run(context: Any, envelope: Any, attempt: int = 1) -> dict[str, Any]:
+            return _run(context, envelope, attempt, func, name, using)
+
+        # Django imports a task by its function's module and qualified name: the
+        # task must be found where the decorated function is.
+        run.__module__ = func.__module__
+        run.__name__ = func.__name__
+        run.__qualname__ = func.__qualname__
+        run.__doc__ = func.__doc__
+        run.outbox_receiver = name  # type: ignore[attr-defined]
+        run.outbox_handler = func  # type: ignore[attr-defined]
+        run.outbox_using = using  # type: ignore[attr-defined]
+        return tasks_api().task(takes_context=True, **task_options)(run)
+
+    return decorate
+
+
+def _run(context: Any, envelope: Any, attempt: int, func: Callable[[Message], Any],
+         name: str, using: str | None) -> dict[str, Any]:
+    result = context.task_result
+    task = result.task
+    by = f"task {task.module_path}[{result.id}]"
+    try:
+        signing.check(envelope, by=by)
+    except BadSignature as exc:
+        return {"outcome": "refused", "reason": str(exc)}
+    try:
+        message = Message.from_envelope(envelope)
+    except (KeyError, TypeError, ValueError) as exc:
+        logger.error("outbox: %s received %r, which is not an outbox message: %s; it is not "
+                     "handled, retried or parked", by, envelope, exc)
+        return {"outcome": "refused", "reason": f"not an outbox message: {exc}"}
+    hold = functools.partial(_hold, result.id, task.get_backend())
+    try:
+        handled, _ = receive(message, lambda m: (hold(), func(m))[1], receiver=name, using=using)
+    except Exception as exc:
+        return _failed(task, envelope, message, attempt, exc, using)
+    return {"outcome": "handled" if handled else "duplicate"}
+
+
+def _hold(result_id: str, backend: Any) -> None:
+    """Lock this task's row of django-tasks-db in the receiver's transaction.
+
+    While the receiver runs, its row is locked; once the receiver's
+    transaction ends (committed, rolled back, or its worker killed) it is not.
+    :func:`requeue_stalled` skips locked rows: a RUNNING task whose row is free
+    past ``TASKS_STALLED_AFTER`` has no live receiver.
+    """
+    backend_class = _database_backend()
+    if backend_class is None or not isinstance(backend, backend_class):
+        return
+    from django_tasks_db.models import DBTaskResult
+
+    database = router.db_for_write(DBTaskResult)
+    if not transaction.get_connection(database).in_atomic_block:
+        return  # the tasks live in another database than the receiver's transaction
+    list(DBTaskResult.objects.using(database).select_for_update()
+         .filter(id=result_id).values_list("id", flat=True))
+
+
+def _failed(task: Any, envelope: Any, message: Message, attempt: int, exc: Exception,
+            using: str | None) -> dict[str, Any]:
+    path = task.module_path
+    limit = outbox_settings.RECEIVER_MAX_ATTEMPTS
+    if attempt < limit:
+        pause = retry_pause(attempt)
+        logger.warning(
+            "outbox: task %s failed on message %s of tenant %s (attempt %d of %d): %s: %s;"
+            " retrying in %.1f s", path, message.message_id, message.tenant_id, attempt, limit,
+            type(exc).__name__, exc, pause)
+        _enqueue_again(task, envelope, attempt + 1, pause)
+        return {"outcome": "retried", "next_attempt": attempt + 1,
+                "error": f"{type(exc).__name__}: {exc}"}
+    try:
+        park(dead_letter_name(path), message, attempt, exc, using=using)
+    except Exception as parking:
+        pause = outbox_settings.RECEIVER_RETRY_BACKOFF_MAX
+        logger.error(
+            "outbox: task %s could not park message %s of tenant %s after %d attempts (%s: %s);"
+            " trying it again in %.1f s", path, message.message_id, message.tenant_id, attempt,
+            type(parking).__name__, parking, pause)
+        _enqueue_again(task, envelope, attempt, pause)
+        return {"outcome": "retried", "next_attempt": attempt,
+                "error": f"{type(exc).__name__}: {exc}"}
+    logger.error(
+        "outbox: task %s gave up on message %s of tenant %s after %d attempts and parked it as "
+        "%s (manage.py outbox_parked --redrive handles it again): %s: %s", path,
+        message.message_id, message.tenant_id, attempt, dead_letter_name(path),
+        type(exc).__name__, exc)
+    return {"outcome": "parked", "attempts": attempt, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def _enqueue_again(task: Any, envelope: Any, attempt: int, pause: float) -> None:
+    """Enqueue ``task`` for ``attempt``, after ``pause`` where the backend can defer.
+
+    If this raises (the backend is unreachable), so does the task: it ends
+    FAILED, and ``requeue_outbox_tasks`` makes it ready again.
+    """
+    again = task
+    if task.get_backend().supports_defer and pause > 0:
+        again = task.using(run_after=timezone.now() + timedelta(seconds=pause))
+    again.enqueue(envelope, attempt=attempt)
+
+
+# -- tasks of workers that died ---------------------------------------------------------
+
+
+def requeue_stalled(*, stalled_after: float | None = None) -> int:
+    """Make ready again the receiver tasks of django-tasks-db that no live worker holds.
+
+    A task the worker marked RUNNING more than ``stalled_after`` seconds ago
+    (``OUTBOX["TASKS_STALLED_AFTER"]``) whose row no receiver holds locked (its
+    worker died mid-task: its transaction, and with it the receiver's effects
+    and record, was rolled back), and a receiver task that ended FAILED (it
+    could not settle its message), is set READY: a worker runs it again, and
+    the receiver's record drops it if it had been handled after all. Only the
+    tasks named by ``TASKS_TASK`` and ``TASKS_TOPIC_TASKS`` are touched.
+
+    Returns:
+        how many tasks were made ready.
+
+    Raises:
+        ConfigurationError: django-tasks-db is not installed.
+    """
+    if _database_backend() is None:
+        raise ConfigurationError("requeue_outbox_tasks needs django-tasks-db (django_tasks_db)")
+    from django.db.models import DateTimeField, ExpressionWrapper, Q, Value
+    from django.db.models.functions import Now
+    from django_tasks_db.models import DBTaskResult
+
+    after = outbox_settings.TASKS_STALLED_AFTER if stalled_after is None else stalled_after
+    paths = configured_task_paths()
+    database = router.db_for_write(DBTaskResult)
+    before = ExpressionWrapper(Now() - Value(timedelta(seconds=after)),
+                               output_field=DateTimeField())
+    rows = DBTaskResult.objects.using(database)
+    with transaction.atomic(using=database):
+        stalled = list(
+            rows.select_for_update(skip_locked=True)
+            .filter(task_path__in=paths)
+            .filter(Q(status="RUNNING", started_at__lt=before) | Q(status="FAILED"))
+            .values_list("id", flat=True))
+        if stalled:
+            rows.filter(id__in=stalled).update(status="READY", finished_at=None)
+    for task_id in stalled:
+        logger.warning("outbox: receiver task %s had no live worker; it is ready to run again",
+                       task_id)
+    return len(stalled)
+
+
+# -- re-driving --------------------------------------------------------------------------
+
+
+def redrive_handler(consumer: str) -> Callable[[Message], object] | None:
+    """For a dead letter of ``tasks:<task path>``: the receiver's body with its de-duplication.
+
+    None when the path names no receiver task.
+    """
+    path = consumer.removeprefix(DEAD_LETTER_PREFIX)
+    try:
+        task = load_task(path)
+    except ConfigurationError:
+        return None
+    func = task.func
+    name = getattr(func, "outbox_receiver", None)
+    handler = getattr(func, "outbox_handler", None)
+    if name is None or handler is None:
+        return None
+    using = getattr(func, "outbox_using", None)
+
+    def handle(message: Message) -> object:
+        return receive(message, handler, receiver=name, using=using)
+
+    return handle

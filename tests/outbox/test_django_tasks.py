@@ -1,0 +1,298 @@
+"""The outbox on Django's Tasks framework, with django-tasks-db and its real worker.
+
+The relay (``relay_outbox``, with ``outbox.django_tasks.DjangoTasksTransport``)
+enqueues each message as a task; ``manage.py db_worker`` runs the receiver
+(tests/outbox/tasks_app.py, built with ``outbox.django_tasks.receiver_task``)
+in its own process. Each test's processes use tests/outbox/tasks_settings.py;
+the last one runs every command with Celery made unimportable.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import signal
+import sys
+import uuid
+
+import pytest
+from django.core import checks
+from django.core.management import call_command
+
+from tests.helpers import count_rows, observer
+from tests.outbox.helpers import (
+    SUBPROCESS_SETTINGS,
+    Process,
+    effects,
+    publish_many,
+    wait_for,
+)
+
+pytest.importorskip("django_tasks_db", reason="django-tasks-db is in the test dependency group")
+
+A, B = 1, 2
+TASKS = {**SUBPROCESS_SETTINGS, "DJANGO_SETTINGS_MODULE": "tests.outbox.tasks_settings"}
+NO_CELERY = {**TASKS, "DJANGO_SETTINGS_MODULE": "tests.outbox.no_celery_settings"}
+TASK_PATH = "tests.outbox.tasks_app.receive"
+TABLE = "django_tasks_database_dbtaskresult"
+
+
+def manage(tmp_path, *args: str, env: dict[str, str] = TASKS, name: str = "") -> str:
+    """Run a manage.py command to its end; its output."""
+    log = tmp_path / f"{name or args[0]}-{uuid.uuid4().hex[:6]}.log"
+    proc = Process.manage(*args, log=log, env=env)
+    try:
+        code = proc.popen.wait(180)
+    finally:
+        proc.kill()
+    assert code == 0, proc.output[-3000:]
+    return proc.output
+
+
+@pytest.fixture(scope="module")
+def tasks_tables(django_db_setup, tmp_path_factory):
+    """django-tasks-db's table in the test database, created by the owner role.
+
+    Its migrations update rows through the router's alias, not the one being
+    migrated (a ``RunPython`` without ``using``), so ``migrate --database
+    owner`` would wait on its own lock: a router sends them to the owner
+    alias for this one command (docs/django-tasks.md). ``migrate`` grants the
+    app role the table (``GRANT_PROJECT_TABLES``).
+    """
+    manage(tmp_path_factory.mktemp("migrate"), "migrate", "django_tasks_database",
+           "--database", "owner", env={**TASKS, "DIO_TASKS_MIGRATE": "1"}, name="migrate")
+
+
+@pytest.fixture(autouse=True)
+def _empty_queue(tasks_tables):
+    yield
+    with observer() as conn:
+        conn.execute(f"TRUNCATE {TABLE}")
+
+
+def results() -> list[dict]:
+    """Every task row: status, return value, attempt (from its kwargs)."""
+    with observer() as conn:
+        rows = conn.execute(f"SELECT status, return_value, args_kwargs FROM {TABLE}"
+                            " ORDER BY enqueued_at").fetchall()
+    return [{"status": s, "value": v, "attempt": a["kwargs"].get("attempt", 1)}
+            for s, v, a in rows]
+
+
+def relay(tmp_path, expected: int, env: dict[str, str] = TASKS) -> None:
+    out = manage(tmp_path, "relay_outbox", "--once", env=env)
+    assert re.findall(r"(\d+) message\(s\) sent", out) == [str(expected)], out
+
+
+def worker(tmp_path, name: str = "worker", env: dict[str, str] = TASKS,
+           *extra: str) -> Process:
+    return Process.manage("db_worker", "--interval", "0.1", "--no-startup-delay", *extra,
+                          log=tmp_path / f"{name}.log", env=env)
+
+
+# -- delivery, duplicates ------------------------------------------------------------
+
+
+def test_each_message_is_handled_once_by_a_real_worker_though_delivered_twice(tmp_path):
+    ids = publish_many(A, "order.placed", [{"sku": f"t{i}"} for i in range(6)])
+    ids += publish_many(B, "order.placed", [{"sku": f"u{i}"} for i in range(4)])
+    relay(tmp_path, 10)
+    # The broker's at-least-once, played out: the relay sends everything again.
+    call_command("relay_outbox", "--rewind-to", str(ids[0]), stdout=io.StringIO())
+    relay(tmp_path, 10)
+    assert count_rows(TABLE) == 20
+    manage(tmp_path, "db_worker", "--batch", "--no-startup-delay", name="db_worker")
+    assert effects() == {str(i): 1 for i in ids}
+    done = results()
+    assert [r["status"] for r in done] == ["SUCCESSFUL"] * 20
+    assert sum(r["value"] == {"outcome": "handled"} for r in done) == 10
+    assert sum(r["value"] == {"outcome": "duplicate"} for r in done) == 10
+    with observer() as conn:  # each ran as its message's tenant
+        rows = conn.execute("SELECT tenant_id, count(*) FROM testapp_order GROUP BY 1").fetchall()
+    assert sorted(rows) == [(A, 6), (B, 4)]
+
+
+def test_a_batch_is_enqueued_in_one_transaction_with_the_tasks(tmp_path):
+    """All of a batch or nothing: a relay killed after sending, before advancing, left
+    every task of its batch; the next relay sends them again and the receiver drops
+    the duplicates."""
+    ids = publish_many(A, "order.placed", [{"sku": f"k{i}"} for i in range(5)])
+    dying = Process.manage(
+        "relay_outbox", "--once", "--transport", "tests.outbox.transports.DieAfterTasksSend",
+        log=tmp_path / "dying.log", env={**TASKS, "DIO_RELAY_LEASE": "1"})
+    assert dying.popen.wait(120) == -signal.SIGKILL
+    dying.kill()
+    assert count_rows(TABLE) == 5
+    wait_for(lambda: count_rows("consumer_offsets", "lease_until < now()") == 1,
+             "the dead relay's lease to run out")
+    relay(tmp_path, 5, env={**TASKS, "DIO_RELAY_LEASE": "1"})
+    manage(tmp_path, "db_worker", "--batch", "--no-startup-delay", name="db_worker")
+    assert effects() == {str(i): 1 for i in ids}
+    assert sum(r["value"] == {"outcome": "duplicate"} for r in results()) == 5
+
+
+def test_a_relay_killed_part_way_through_enqueueing_a_batch_leaves_none_of_it(tmp_path):
+    ids = publish_many(A, "order.placed", [{"sku": f"p{i}"} for i in range(5)])
+    dying = Process.manage(
+        "relay_outbox", "--once", "--transport", "tests.outbox.transports.DieMidTasksBatch",
+        log=tmp_path / "dying.log", env={**TASKS, "DIO_RELAY_LEASE": "1"})
+    assert dying.popen.wait(120) == -signal.SIGKILL
+    dying.kill()
+    assert count_rows(TABLE) == 0  # two were enqueued, in the transaction that died
+    wait_for(lambda: count_rows("consumer_offsets", "lease_until < now()") == 1,
+             "the dead relay's lease to run out")
+    relay(tmp_path, 5, env={**TASKS, "DIO_RELAY_LEASE": "1"})
+    manage(tmp_path, "db_worker", "--batch", "--no-startup-delay", name="db_worker")
+    assert effects() == {str(i): 1 for i in ids}
+
+
+# -- a worker killed mid-task ----------------------------------------------------------
+
+
+def test_a_worker_killed_mid_task_gets_its_task_back_and_the_effect_happens_once(tmp_path):
+    held = tmp_path / "held"
+    held.mkdir()
+    ids = publish_many(A, "order.placed", [{"sku": "held", "hold": str(held)}])
+    ids += publish_many(A, "order.placed", [{"sku": f"k{i}"} for i in range(4)])
+    relay(tmp_path, 5)
+    first = worker(tmp_path, "worker-1")
+    second = None
+    try:
+        marker = held / f"{ids[0]}.pid"
+        wait_for(marker.exists, "the held task to be running")  # the others wait behind it
+        # Past TASKS_STALLED_AFTER (2 s here) a live receiver still holds its task:
+        # nothing is taken from it.
+        wait_for(lambda: _running_for() > 2.5, "the held task to run past the stall time")
+        assert "0 receiver task(s) made ready again" in manage(
+            tmp_path, "requeue_outbox_tasks", name="requeue-live")
+        first.signal(signal.SIGKILL)  # the worker dies; its task stays RUNNING
+        assert first.popen.wait(30) == -signal.SIGKILL
+        assert str(ids[0]) not in effects()  # its transaction died with it
+        assert [r["status"] for r in results()].count("RUNNING") == 1
+        out = manage(tmp_path, "requeue_outbox_tasks", name="requeue-dead")
+        assert "1 receiver task(s) made ready again" in out
+        second = worker(tmp_path, "worker-2")
+        wait_for(lambda: len(effects()) == 5, "the held message handled again")
+        assert second.stop() == 0
+    finally:
+        first.kill()
+        if second is not None:
+            second.kill()
+    assert effects() == {str(i): 1 for i in ids}
+    assert [r["status"] for r in results()] == ["SUCCESSFUL"] * 5
+
+
+def _running_for() -> float:
+    with observer() as conn:
+        row = conn.execute(f"SELECT extract(epoch FROM now() - started_at) FROM {TABLE}"
+                           " WHERE status = 'RUNNING'").fetchone()
+    return float(row[0]) if row else 0.0
+
+
+# -- failures: retried, then parked; a re-drive ----------------------------------------
+
+
+def test_a_failing_receiver_task_is_retried_then_parked_and_a_redrive_handles_it(
+    tmp_path, settings
+):
+    failing = tmp_path / "failing"
+    failing.touch()
+    ids = publish_many(B, "order.placed", [{"sku": "poison", "fail_while": str(failing)}])
+    relay(tmp_path, 1)
+    proc = worker(tmp_path, "worker", {**TASKS, "DIO_RECEIVER_MAX_ATTEMPTS": "3"})
+    try:
+        wait_for(lambda: count_rows("outbox_dead_letters") == 1, "the message parked")
+        assert proc.stop() == 0
+    finally:
+        proc.kill()
+    done = results()
+    assert [r["attempt"] for r in done] == [1, 2, 3]
+    assert [r["value"]["outcome"] for r in done] == ["retried", "retried", "parked"]
+    with observer() as conn:
+        row = conn.execute("SELECT tenant_id, consumer, message_id, attempts, error"
+                           " FROM outbox_dead_letters").fetchone()
+    assert row[:4] == (B, f"tasks:{TASK_PATH}", ids[0], 3)
+    assert "RuntimeError: failing while" in row[4]
+    assert effects() == {} and count_rows("outbox_received") == 0  # every attempt rolled back
+    failing.unlink()
+    out = manage(tmp_path, "outbox_parked", "--redrive", name="redrive")
+    assert "re-driven: 1 handled, 0 failed again, 0 not found" in out
+    assert effects() == {str(ids[0]): 1}
+    assert count_rows("outbox_dead_letters") == 0 and count_rows("outbox_received") == 1
+
+
+# -- signatures --------------------------------------------------------------------------
+
+
+def test_with_signing_keys_a_forged_task_is_refused_and_a_signed_one_handled(tmp_path):
+    keys = {"DIO_SIGNING_KEYS": json.dumps(["tests-only-signing-key-0123456789-abcdef"])}
+    ids = publish_many(A, "order.placed", [{"sku": "genuine"}])
+    relay(tmp_path, 1, env={**TASKS, **keys})
+    with observer() as conn:  # a writer to the queue copies the task, for another tenant
+        conn.execute(
+            f"INSERT INTO {TABLE} SELECT (jsonb_populate_record(NULL::{TABLE}, to_jsonb(t)"
+            " || jsonb_build_object('id', gen_random_uuid(), 'args_kwargs',"
+            " jsonb_set(t.args_kwargs, '{args,0,tenant_id}', to_jsonb(%s::int))))).*"
+            f" FROM {TABLE} t", [B])
+    manage(tmp_path, "db_worker", "--batch", "--no-startup-delay", env={**TASKS, **keys},
+           name="db_worker")
+    assert effects() == {str(ids[0]): 1}
+    values = sorted(json.dumps(r["value"], sort_keys=True) for r in results())
+    assert values == [
+        '{"outcome": "handled"}',
+        '{"outcome": "refused", "reason": "its signature does not match its content"}']
+    with observer() as conn:
+        assert conn.execute("SELECT tenant_id FROM testapp_order").fetchall() == [(A,)]
+    assert count_rows("outbox_dead_letters") == 0
+
+
+# -- checks --------------------------------------------------------------------------------
+
+
+def test_the_check_refuses_a_backend_that_keeps_nothing_and_warns_of_one_it_cannot_vouch_for(
+    settings,
+):
+    settings.OUTBOX = {**settings.OUTBOX, "TRANSPORT": "outbox.django_tasks.DjangoTasksTransport",
+                       "TASKS_TASK": None}
+    assert [m.id for m in checks.run_checks() if m.id == "outbox.E120"] == ["outbox.E120"]
+    settings.OUTBOX = {**settings.OUTBOX, "TASKS_TASK": TASK_PATH}
+    ids = [m.id for m in checks.run_checks() if (m.id or "").startswith("outbox.")]
+    assert ids == ["outbox.W121"]  # this process's TASKS: the immediate backend
+
+
+def test_manage_py_check_passes_on_django_tasks_db(tmp_path):
+    out = manage(tmp_path, "check", name="check")
+    assert "no issues" in out
+
+
+# -- no Celery at all ------------------------------------------------------------------------
+
+
+def test_a_project_without_celery_runs_the_whole_outbox_on_django_tasks(tmp_path):
+    """Celery, kombu and their kin are unimportable in every process
+    (tests/outbox/no_celery_settings.py): the checks, the relay, a worker, the
+    consumers, the status, the reaper and the parked list all work."""
+    ids = publish_many(A, "order.placed", [{"sku": f"n{i}"} for i in range(3)])
+    outputs = [manage(tmp_path, "check", env=NO_CELERY, name="check")]
+    outputs.append(manage(tmp_path, "relay_outbox", "--once", env=NO_CELERY))
+    outputs.append(manage(tmp_path, "db_worker", "--batch", "--no-startup-delay",
+                          env=NO_CELERY, name="db_worker"))
+    outputs.append(manage(tmp_path, "run_consumers", "orders", "--once", env=NO_CELERY))
+    outputs.append(manage(tmp_path, "outbox_status", env=NO_CELERY))
+    outputs.append(manage(tmp_path, "outbox_parked", env=NO_CELERY))
+    outputs.append(manage(tmp_path, "reap_outbox", env=NO_CELERY))
+    outputs.append(manage(tmp_path, "requeue_outbox_tasks", env=NO_CELERY))
+    assert "3 message(s) sent" in outputs[1]
+    for out in outputs:
+        assert "celery modules loaded: none" in out, out[-2000:]
+    # The receiver task's effects, and the in-database consumer's, each once.
+    with observer() as conn:
+        notes = [n for (n,) in conn.execute("SELECT note FROM testapp_order")]
+    assert sorted(notes) == sorted([str(i) for i in ids] * 2)
+    # The blocker holds: importing Celery there fails as it would without it.
+    probe = Process([sys.executable, "-c", "import django, os; django.setup(); import celery"],
+                    tmp_path / "probe.log", env=NO_CELERY)
+    assert probe.popen.wait(60) != 0
+    probe.kill()
+    assert "blocked: no Celery here" in probe.output
