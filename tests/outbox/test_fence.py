@@ -22,6 +22,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from django.conf import settings
 from django.db import connections, transaction
 
 from outbox import publish
@@ -32,7 +33,7 @@ from outbox.store import read_batch
 from outbox.stream import Position
 from outbox.testing import InMemoryTransport
 from tenancy import tenant_context
-from tenancy.aliases import app_alias, system_alias
+from tenancy.aliases import app_alias, system_alias, worker_alias
 from tests.helpers import connect, observer, server_pid, set_tenant, superuser
 from tests.outbox.consumers import OrderRecorder
 from tests.outbox.helpers import (
@@ -353,21 +354,31 @@ def test_an_insert_that_names_its_own_id_is_refused():
                              [A, last - 1])
 
 
-@pytest.mark.parametrize("form", ["bound, shared", "bound, exclusive", "tenant", "all three"])
+def direct(alias: str = "default", **kwargs: Any) -> psycopg.Connection:
+    """A session of the role of ``alias`` straight to PostgreSQL, even when the alias is
+    pooled: what it leaves ends with it (a pooled one would stay for later tests)."""
+    db, server = settings.DATABASES[alias], settings.DATABASES["owner"]
+    return psycopg.connect(host=server["HOST"], port=server["PORT"], user=db["USER"],
+                           password=db["PASSWORD"], dbname=db["NAME"], **kwargs)
+
+
+STRAY_LOCKS = {
+    "bound, shared": ["SELECT pg_advisory_lock_shared((28514 << 16), 0)"],
+    "bound, exclusive": ["SELECT pg_advisory_lock((28514 << 16), 0)"],
+    "tenant": [f"SELECT pg_advisory_lock_shared({A})"],
+    "all three": ["SELECT pg_advisory_lock_shared((28514 << 16), 0)",
+                  f"SELECT pg_advisory_lock_shared({A})", f"SELECT pg_advisory_lock({B})"],
+}
+
+
+@pytest.mark.parametrize("form", list(STRAY_LOCKS))
 def test_a_session_lock_left_behind_holds_nothing_back(form):
     """Advisory locks that look like a publisher's marks, kept by a session after its
-    transaction (as a pooled server session would keep them for its next borrower),
-    hold nothing back: marks count only in a transaction writing to the outbox."""
-    take = {
-        "bound, shared": ["SELECT pg_advisory_lock_shared((28514 << 16), 0)"],
-        "bound, exclusive": ["SELECT pg_advisory_lock((28514 << 16), 0)"],
-        "tenant": [f"SELECT pg_advisory_lock_shared({A})"],
-        "all three": ["SELECT pg_advisory_lock_shared((28514 << 16), 0)",
-                      f"SELECT pg_advisory_lock_shared({A})", f"SELECT pg_advisory_lock({B})"],
-    }[form]
-    for alias in ("default", "worker"):  # the web role, the worker role
-        with connect(alias, autocommit=True) as stray:
-            for statement in take:
+    transaction, hold nothing back: marks count only in a transaction writing to the
+    outbox."""
+    for alias in (app_alias(), worker_alias()):  # the web role, the worker role
+        with direct(alias, autocommit=True) as stray:
+            for statement in STRAY_LOCKS[form]:
                 stray.execute(statement)
             first = published_elsewhere(A, "a")
             second = published_elsewhere(B, "b")
@@ -376,10 +387,35 @@ def test_a_session_lock_left_behind_holds_nothing_back(form):
             assert status().publishers == [] and status().held_back == 0
 
 
+@pytest.mark.parametrize("form", list(STRAY_LOCKS))
+def test_a_session_lock_left_in_a_pooled_session_holds_nothing_back_for_the_next_borrower(form):
+    """The same through pgbouncer in transaction mode, with one server session per pool:
+    one borrower (as the web role) leaves the locks and hangs up; the next borrowers of
+    that very session publish for two other tenants, and every message is delivered."""
+    from tests.pooler import pool_of_one
+
+    relay = Relay(InMemoryTransport(), name="test")
+    with pool_of_one() as pooler:
+        pooler.leave(app_alias(), *STRAY_LOCKS[form])
+        with pooler.routed(app_alias()):
+            first = publish_as(3, "order.placed", {"sku": "next borrower"})
+            second = publish_as(4, "order.placed", {"sku": "and the next"})
+        with pooler.connect(app_alias()) as same:  # the locks are still in that session
+            pid = same.execute("SELECT pg_backend_pid()").fetchone()[0]
+        with observer() as conn:
+            assert conn.execute("SELECT count(*) FROM pg_locks WHERE pid = %s"
+                                " AND locktype = 'advisory'", [pid]).fetchone()[0] == len(
+                                    STRAY_LOCKS[form])
+        assert marks() == []
+        memory = relay.transport
+        relay_until(relay, memory, 2)
+        assert memory.message_ids == [str(first), str(second)]
+
+
 def test_a_session_lock_left_behind_delays_only_during_a_publishing_transaction_of_its_session():
     """Inside a transaction of that session that does publish, a stray mark counts, for as
     long as that transaction: a delay of one transaction, never a freeze."""
-    with connect(autocommit=True) as conn:
+    with direct(autocommit=True) as conn:
         conn.execute(f"SELECT pg_advisory_lock_shared({B})")  # a stray mark naming tenant B
         conn.execute("BEGIN")
         raw_publish(conn, A, "t", {"sku": "publishing"})
@@ -397,10 +433,10 @@ def test_a_key_held_exclusively_by_someone_else_blocks_no_publisher_and_passes_n
     last = message_position(publish_as(A, "t", {}))
     statement = {"the tenant's": f"SELECT pg_advisory_lock({A})",
                  "the bound's": f"SELECT pg_advisory_lock((28514 << 16), {last})"}[key]
-    with connect(autocommit=True) as stray, connect() as publisher:
+    with direct(autocommit=True) as stray, connect() as publisher:
         stray.execute(statement)
-        publisher.execute("SET lock_timeout = '5s'")  # a publisher that waited would fail here
         publisher.execute("BEGIN")
+        publisher.execute("SET LOCAL lock_timeout = '5s'")  # a publisher that waited fails
         own, own_id = raw_publish(publisher, A, "t", {"sku": "open"})
         later_a = published_elsewhere(A, "later a")
         later_b = published_elsewhere(B, "later b")
