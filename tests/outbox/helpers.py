@@ -104,10 +104,17 @@ def drain(consumer: Consumer, until: Callable[[], bool] = lambda: True) -> int:
 
 
 def offset(name: str, partition: int = 0) -> tuple[int, int]:
-    """(last_id, attempts) of a reader, as the observer sees it."""
+    """(the id up to which a reader has passed everything, attempts), as the observer sees it.
+
+    The position's floor: its last id, or a held tenant's position below it
+    (a reader that went past a publisher in flight: outbox.stream.Position).
+    """
     with observer() as conn:
         row = conn.execute(
-            "SELECT last_id, attempts FROM consumer_offsets WHERE name = %s AND partition = %s",
+            "SELECT least(last_id, (SELECT min(h.upto::bigint)"
+            "                         FROM jsonb_each_text(held) AS h(tenant, upto))),"
+            "       attempts"
+            "  FROM consumer_offsets WHERE name = %s AND partition = %s",
             [name, partition],
         ).fetchone()
     return row
