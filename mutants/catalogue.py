@@ -627,8 +627,8 @@ CATALOGUE: list[Mutant] = [
         "store.peek-unpinned", "idempotency.store",
         "the replay's one-message read pins its names: a temporary idempotency_keys answers nothing",
         "idempotency/store.py",
-        '        cursor.execute(f"{set_tenant_sql(request.tenant_id)}; {pin}; {_LOOKUP_ONLY}",',
-        '        cursor.execute(f"{set_tenant_sql(request.tenant_id)}; SELECT 1; {_LOOKUP_ONLY}",',
+        '            cursor.execute(f"{set_tenant_sql(request.tenant_id)}; {pin}; {prepare}{lookup}",',
+        '            cursor.execute(f"{set_tenant_sql(request.tenant_id)}; SELECT 1; {prepare}{lookup}",',
         (TENANCY + "test_pinned_names.py",),
     ),
     mutant(
