@@ -46,6 +46,7 @@ from bench.bench_idempotency import (  # noqa: E402
     cpu_seconds,
     load_average,
     postmaster_pid,
+    seed,
 )
 
 BODY = b'{"sku": "tea", "quantity": 2, "note": "benchmark order"}'
@@ -104,6 +105,7 @@ def main() -> None:
 
     if not args.round_trips:
         recreate_database()
+        seed(os.environ["DIO_TEST_DB"])  # a day's keys, analyzed, as in production
     from django.core.handlers.wsgi import WSGIHandler
 
     app = WSGIHandler()

@@ -831,4 +831,56 @@ CATALOGUE: list[Mutant] = [
         "    if False:\n        yield checks.Error(",
         (T_CLAIMS, TENANCY + "test_roles.py"),
     ),
+    # --- the hot paths' statements (issue 22: prepared where not pooled; the relay's shortcuts)
+    mutant(
+        "statements.pooled-alias-prepares", "django_idempotency_outbox.statements",
+        "a pooled alias never sees a prepared statement, and nothing is left in its sessions",
+        "django_idempotency_outbox/statements.py",
+        "    return isinstance(cursor.cursor, psycopg.ClientCursor) and not pooled(alias)",
+        "    return isinstance(cursor.cursor, psycopg.ClientCursor)",
+        (IDEM + "test_prepared.py", OUTBOX + "test_prepared_insert.py"),
+    ),
+    mutant(
+        "context.pooler-unnoticed", "tenancy.context",
+        "a pooler in front of an alias is noticed even when its settings do not say so",
+        "tenancy/context.py",
+        "        _behind_pooler[key] = server_pid is not None and server_pid != login_pid",
+        "        _behind_pooler[key] = False",
+        (IDEM + "test_prepared.py", OUTBOX + "test_prepared_insert.py"),
+    ),
+    mutant(
+        "statements.deallocated-not-forgotten", "django_idempotency_outbox.statements",
+        "statements someone deallocated are prepared again by the next message",
+        "django_idempotency_outbox/statements.py",
+        "    if not isinstance(exc.__cause__, psycopg.errors.InvalidSqlStatementName):\n        return False",
+        "    if True:\n        return False",
+        (IDEM + "test_prepared.py", OUTBOX + "test_prepared_insert.py"),
+    ),
+    mutant(
+        "transports.template-unchecked", "outbox.transports",
+        "a message template is used only if its holes are where Celery's steps put them",
+        "outbox/transports.py",
+        "        if {hole: text.count(hole) for hole in cls.EXPECTED} != cls.EXPECTED:\n            return None",
+        "        if False:\n            return None",
+        (OUTBOX + "test_relay_pipeline.py",),
+    ),
+    mutant(
+        "relay.read-ahead-any-position", "outbox.relay",
+        "a batch read ahead is used only by a round that starts where it was read from",
+        "outbox/relay.py",
+        "        if pending is None or after != position:",
+        "        if pending is None:",
+        (OUTBOX + "test_relay_pipeline.py",),
+    ),
+    mutant(
+        "relay.read-ahead-connection-left", "outbox.relay",
+        "the read-ahead thread closes its connection when the relay stops",
+        "outbox/relay.py",
+        "            self._pool.submit(_close, self._relay.alias).result()",
+        "            pass",
+        (OUTBOX + "test_relay_pipeline.py",),
+        equivalent="the pool's thread ends at shutdown, and CPython frees its Django connection"
+                   " with it (psycopg closes the session): the explicit close only makes that"
+                   " not depend on reference counting",
+    ),
 ]
