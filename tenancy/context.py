@@ -294,8 +294,12 @@ def _set(connection: Any, tenant_id: int | None, *, fresh: bool = False) -> None
     pin = f"; {search_path_sql(connection.alias)}" if fresh else ""
     key = tenancy_settings.VERIFIED_CONTEXT
     if key is None:
-        with connection.cursor() as cursor:
-            cursor.execute(set_tenant_sql(tenant_id) + pin)
+        # On the cursor the library keeps per connection: a new one costs
+        # more than this statement (django_idempotency_outbox.statements,
+        # which imports this module, hence the import here).
+        from django_idempotency_outbox.statements import cursor as kept_cursor
+
+        kept_cursor(connection.alias).execute(set_tenant_sql(tenant_id) + pin)
         return
     value = "" if tenant_id is None else str(validate_tenant_id(tenant_id))
     # The verified mode: the token, bound to this transaction, is what the
