@@ -199,13 +199,19 @@ def statements(n: int = 3000) -> None:
     # lookup as text (a pooled alias), or its prepared form (a direct one).
     head = f"{set_tenant_sql(1)}; {search_path_sql('default')}; "
     lookup = cursor.mogrify(head + store._LOOKUP_ONLY, store._key(request))
-    cursor.execute(head + "SELECT name FROM pg_prepared_statements WHERE name = %s",
-                   [store._PEEK_STATEMENT.name])
+    peek = getattr(store, "_PEEK_STATEMENT", None)  # None: a release that prepares nothing
+    name = peek.name if peek is not None else "bench_lookup"
+    cursor.execute(head + "SELECT name FROM pg_prepared_statements WHERE name = %s", [name])
     cursor.nextset()
     cursor.nextset()
-    if cursor.fetchone() is None:  # the workloads ran through a pooler: prepare it here
-        cursor.execute(head + store._PEEK_STATEMENT.prepare)
-    prepared = cursor.mogrify(head + store._PEEK_STATEMENT.call, store._key(request))
+    if cursor.fetchone() is None:  # not prepared by the workloads (a pooled alias): here
+        cursor.execute(head + (peek.prepare if peek is not None else (
+            "PREPARE bench_lookup(bigint, text, text) AS "
+            + store._LOOKUP_ONLY.replace("%(tenant_id)s", "$1").replace("%(scope)s", "$2")
+            .replace("%(key)s", "$3"))))
+    call = (peek.call if peek is not None
+            else "EXECUTE bench_lookup(%(tenant_id)s, %(scope)s, %(key)s)")
+    prepared = cursor.mogrify(head + call, store._key(request))
 
     def django_select() -> None:
         with django_conn.cursor() as c:

@@ -603,8 +603,8 @@ CATALOGUE: list[Mutant] = [
         "context.names-unpinned", "tenancy.context",
         "the tenant context pins its names: a temporary table of an earlier borrower captures nothing",
         "tenancy/context.py",
-        '    pin = f"; {search_path_sql(connection.alias)}" if fresh else ""',
-        '    pin = ""',
+        '    pin = [search_path_sql(connection.alias)] if fresh else []',
+        '    pin = []',
         (TENANCY + "test_pinned_names.py",),
     ),
     mutant(

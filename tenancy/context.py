@@ -291,7 +291,7 @@ def read_binding(connection: Any) -> str:
 def _set(connection: Any, tenant_id: int | None, *, fresh: bool = False) -> None:
     # The first context of a transaction pins its names too (search_path_sql),
     # in the same message: contexts inside it find the path pinned already.
-    pin = f"; {search_path_sql(connection.alias)}" if fresh else ""
+    pin = [search_path_sql(connection.alias)] if fresh else []
     key = tenancy_settings.VERIFIED_CONTEXT
     if key is None:
         # On the cursor the library keeps per connection: a new one costs
@@ -299,7 +299,7 @@ def _set(connection: Any, tenant_id: int | None, *, fresh: bool = False) -> None
         # which imports this module, hence the import here).
         from django_idempotency_outbox.statements import cursor as kept_cursor
 
-        kept_cursor(connection.alias).execute(set_tenant_sql(tenant_id) + pin)
+        _send(kept_cursor(connection.alias), [set_tenant_sql(tenant_id), *pin])
         return
     value = "" if tenant_id is None else str(validate_tenant_id(tenant_id))
     # The verified mode: the token, bound to this transaction, is what the
@@ -309,7 +309,21 @@ def _set(connection: Any, tenant_id: int | None, *, fresh: bool = False) -> None
         _bindings[connection] = read_binding(connection)
     token = "" if tenant_id is None else mint_token(key, tenant_id, _bindings[connection])
     with connection.cursor() as cursor:
-        cursor.execute(f"SET LOCAL {GUC} = '{value}'; SET LOCAL {TOKEN_GUC} = '{token}'{pin}")
+        _send(cursor, [f"SET LOCAL {GUC} = '{value}'", f"SET LOCAL {TOKEN_GUC} = '{token}'", *pin])
+
+
+def _send(cursor: Any, statements: list[str]) -> None:
+    """Send ``statements`` (no parameters) in one message, where the cursor can.
+
+    A cursor that binds on the server (``OPTIONS["server_side_binding"]``)
+    sends one statement per message: psycopg may prepare what it sends
+    (``prepare_threshold``), and a prepared statement holds one statement.
+    """
+    if isinstance(cursor.cursor, psycopg.ClientCursor):
+        cursor.execute("; ".join(statements))
+        return
+    for statement in statements:
+        cursor.execute(statement)
 
 
 @contextmanager

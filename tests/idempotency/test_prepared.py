@@ -247,3 +247,56 @@ def test_a_pooled_alias_never_prepares_and_leaves_no_statement_in_the_session(po
     assert created.status_code == 201
     assert replayed.headers.get("Idempotent-Replayed") == "true"
     assert count_rows("idempotency_keys") == 3
+
+
+# --- psycopg's protocol-level preparing (the opt-in behind pgbouncer 1.21+) ------------------
+
+
+@pytest.fixture
+def server_side_binding() -> Iterator[None]:
+    """The app alias binds parameters on the server, and psycopg prepares, as documented."""
+    connection = app_connection()
+    connection.close()
+    saved = dict(connection.settings_dict)
+    connection.settings_dict["OPTIONS"] = {
+        **saved.get("OPTIONS", {}), "server_side_binding": True, "prepare_threshold": 5,
+    }
+    try:
+        yield
+    finally:
+        connection.close()
+        connection.settings_dict.clear()
+        connection.settings_dict.update(saved)
+
+
+def messages(traced: Any) -> int:
+    """Round trips on the wire: simple Query messages, and extended-protocol Syncs."""
+    return len([kind for kind, _ in traced.sent() if kind in ("Query", "Sync")])
+
+
+@direct_only
+def test_on_a_cursor_that_binds_on_the_server_the_library_leaves_preparing_to_psycopg(
+    server_side_binding,
+):
+    from outbox import publish
+    from tenancy import tenant_context
+
+    for n in range(6):  # psycopg prepares a statement once it has sent it five times
+        new_key(f"warm-{n}")
+        replay(f"warm-{n}")
+    with wire() as traced:
+        new_key("second")
+    new = messages(traced)
+    with wire() as traced:
+        replay("second")
+    replayed = messages(traced)
+    with tenant_context(1):
+        publish("order.placed", {"n": 1})
+    with app_connection().cursor() as cursor:
+        cursor.execute("SELECT name FROM pg_prepared_statements ORDER BY 1")
+        names = [row[0] for row in cursor.fetchall()]
+    assert names and all(name.startswith("_pg3_") for name in names), names  # psycopg's only
+    # One statement per round trip: BEGIN, the tenant, the pin, SAVEPOINT, the lookup,
+    # then RELEASE, the key's INSERT and COMMIT for a new key, COMMIT for a replay.
+    assert (new, replayed) == (8, 6), (new, replayed)
+    assert count_rows("idempotency_keys") == 7 and count_rows("outbox_messages") == 1
