@@ -344,8 +344,8 @@ UPDATE idempotency_keys SET ({_names(_FINISHED)}) = ROW({_exprs(_FINISHED)})
 #
 # Sent as text, each of the three statements above is parsed and planned by the
 # server every time: for the read (its join, the row-level security policy)
-# that is most of its cost, about 130 of 140 µs of server CPU against 45
-# prepared (docs/benchmarks.md). On an alias that is not pooled they are
+# that is most of its cost, about 90 µs of server CPU against 40 prepared
+# (docs/benchmarks.md). On an alias that is not pooled they are
 # prepared, all three by a connection's first read (peek), in the same
 # message, and sent as EXECUTE from then on (django_idempotency_outbox.statements).
 # Through a pooler nothing is ever prepared: the next borrower of a server
