@@ -10,12 +10,14 @@ other on one persistent connection, and measures the CPU each workload costs
 this process (Django, DRF, the library) and the PostgreSQL cluster, side by
 side in one run (workloads interleaved, the median of the rounds):
 
-- plain, tenant, first, replay: the workloads of ``make bench-idempotency``;
+- plain, tenant, first, replay: the workloads of ``make bench-idempotency``,
+  each with its round trips per request (counted on the wire, from libpq's
+  trace of one request) and the ratios that CPU allows against the
+  tenant-scoped create, with the design's targets;
 - then the cost of one statement through each layer, to show what is left to
-  cut: Django's cursor against psycopg's own, and the server's planning of
-  the replay's lookup, parsed and planned each time (as the library sends
-  it: client-side binding sends no prepared statements) against a prepared
-  statement.
+  cut: Django's cursor against psycopg's own, and the replay's lookup parsed
+  and planned each time (as the library sends it on a pooled alias) against
+  its prepared form (as it sends it on a direct one, idempotency.store).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import io
 import itertools
+import json
 import os
 import statistics
 import sys
@@ -37,9 +40,45 @@ os.environ.setdefault("DIO_TEST_DB", "dio_bench_cpu")
 os.environ["DIO_CONN_MAX_AGE"] = "600"  # persistent connections, as deployed
 os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
 
-from bench.bench_idempotency import children, cpu_seconds, postmaster_pid  # noqa: E402
+from bench.bench_idempotency import (  # noqa: E402
+    RATIOS,
+    children,
+    cpu_seconds,
+    load_average,
+    postmaster_pid,
+    seed,
+)
 
 BODY = b'{"sku": "tea", "quantity": 2, "note": "benchmark order"}'
+
+
+def round_trips(call: Callable[[], Any], alias: str = "default") -> int:
+    """How many messages ``call`` sends on Django's connection ``alias``: one per round trip.
+
+    Counted from libpq's own trace (every Query message, or every Sync of the
+    extended protocol, is one round trip), as tests/idempotency/test_upstream.py
+    counts them.
+    """
+    import tempfile
+
+    from django.db import connections
+    from psycopg import pq
+
+    connection = connections[alias]
+    connection.ensure_connection()
+    with tempfile.TemporaryFile("w+") as trace:
+        pgconn = connection.connection.pgconn
+        pgconn.trace(trace.fileno())
+        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        try:
+            call()
+        finally:
+            if connection.connection is not None and not connection.connection.closed:
+                connection.connection.pgconn.untrace()
+        trace.flush()
+        trace.seek(0)
+        return sum(1 for line in trace if line.startswith("F\t")
+                   and line.split("\t")[2] in ("Query", "Sync"))
 
 
 def cluster_pids() -> list[int]:
@@ -54,6 +93,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--requests", type=int, default=1000, help="requests per measurement")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
+    parser.add_argument("--round-trips", action="store_true",
+                        help="only print each workload's round trips per request (JSON), on the"
+                             " database DIO_TEST_DB names as it is (make bench-idempotency asks)")
     args = parser.parse_args()
 
     import django
@@ -61,7 +103,9 @@ def main() -> None:
     django.setup()
     from tests.dbsetup import recreate_database
 
-    recreate_database()
+    if not args.round_trips:
+        recreate_database()
+        seed(os.environ["DIO_TEST_DB"])  # a day's keys, analyzed, as in production
     from django.core.handlers.wsgi import WSGIHandler
 
     app = WSGIHandler()
@@ -92,6 +136,12 @@ def main() -> None:
         "replay": lambda: environ("/orders/", "replayed-key"),
     }
     call(environ("/orders/", "replayed-key"))
+    for make in workloads.values():  # connections open, statements prepared
+        call(make())
+    trips = {name: round_trips(lambda make=make: call(make())) for name, make in workloads.items()}
+    if args.round_trips:
+        print(json.dumps(trips))
+        return
     cluster = cluster_pids()
     measured: dict[str, list[tuple[float, float]]] = {name: [] for name in workloads}
     for r in range(args.rounds):
@@ -108,17 +158,24 @@ def main() -> None:
             measured[name].append(((time.process_time() - own) * per,
                                    (cpu_seconds(cluster) - db) * per))
 
-    print(f"{args.rounds} rounds x {args.requests} requests, in-process, one connection;"
-          " CPU ms per request (median): this process + PostgreSQL")
+    print(f"{args.rounds} rounds x {args.requests} requests, in-process, one connection"
+          f" (load average {load_average()} at the end)")
+    print("  workload  round trips  CPU ms per request (median): this process + PostgreSQL")
     totals = {}
     for name, runs in measured.items():
         own = statistics.median(r[0] for r in runs)
         db = statistics.median(r[1] for r in runs)
         totals[name] = own + db
-        print(f"  {name:8} {own:5.2f} + {db:5.2f} = {own + db:5.2f}")
+        print(f"  {name:8} {trips[name]:6d}        {own:5.2f} + {db:5.2f} = {own + db:5.2f}")
     print("  requests/s ratios this CPU allows (CPU-bound, no HTTP server's share):")
-    for name in ("tenant", "first", "replay"):
-        print(f"  {name:7} / plain = {totals['plain'] / totals[name]:.2f}")
+    for top, bottom, target in RATIOS:
+        if top not in totals or bottom not in totals:
+            continue  # the verified context is measured by make bench-idempotency only
+        ratio = totals[bottom] / totals[top]
+        line = f"  {top:7} / {bottom:6} = {ratio:.2f}"
+        if target is not None:
+            line += f"   target >= {target:.2f}: {'met' if ratio >= target else 'NOT met'}"
+        print(line)
     statements()
 
 
@@ -129,7 +186,7 @@ def statements(n: int = 3000) -> None:
 
     from idempotency import store
     from idempotency.core import IdempotentRequest
-    from tenancy.context import set_tenant_sql
+    from tenancy.context import search_path_sql, set_tenant_sql
 
     django_conn = connections["default"]
     django_conn.ensure_connection()
@@ -138,13 +195,23 @@ def statements(n: int = 3000) -> None:
     request = IdempotentRequest(tenant_id=1, scope="order.create", key="replayed-key",
                                 fingerprint="")
     cursor = psycopg.ClientCursor(raw)
-    lookup = cursor.mogrify(f"{set_tenant_sql(1)}; {store._LOOKUP_ONLY}", store._key(request))
-    cursor.execute(
-        "PREPARE bench_lookup(bigint, text, text) AS "
-        + store._LOOKUP_ONLY.replace("%(tenant_id)s", "$1").replace("%(scope)s", "$2")
-        .replace("%(key)s", "$3")
-    )
-    prepared = f"{set_tenant_sql(1)}; EXECUTE bench_lookup(1, 'order.create', 'replayed-key')"
+    # The replay's one message, as idempotency.store.peek sends it: the
+    # lookup as text (a pooled alias), or its prepared form (a direct one).
+    head = f"{set_tenant_sql(1)}; {search_path_sql('default')}; "
+    lookup = cursor.mogrify(head + store._LOOKUP_ONLY, store._key(request))
+    peek = getattr(store, "_PEEK_STATEMENT", None)  # None: a release that prepares nothing
+    name = peek.name if peek is not None else "bench_lookup"
+    cursor.execute(head + "SELECT name FROM pg_prepared_statements WHERE name = %s", [name])
+    cursor.nextset()
+    cursor.nextset()
+    if cursor.fetchone() is None:  # not prepared by the workloads (a pooled alias): here
+        cursor.execute(head + (peek.prepare if peek is not None else (
+            "PREPARE bench_lookup(bigint, text, text) AS "
+            + store._LOOKUP_ONLY.replace("%(tenant_id)s", "$1").replace("%(scope)s", "$2")
+            .replace("%(key)s", "$3"))))
+    call = (peek.call if peek is not None
+            else "EXECUTE bench_lookup(%(tenant_id)s, %(scope)s, %(key)s)")
+    prepared = cursor.mogrify(head + call, store._key(request))
 
     def django_select() -> None:
         with django_conn.cursor() as c:
@@ -166,7 +233,6 @@ def statements(n: int = 3000) -> None:
             run()
         print(f"  {label:40} {(time.process_time() - own) * 1e6 / n:6.0f}"
               f" {(cpu_seconds(backend) - server) * 1e6 / n:6.0f}")
-    cursor.execute("DEALLOCATE bench_lookup")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar, Generic, TypeVar, overload
 
 from django.conf import settings
+from django.utils.functional import empty
 
 from django_idempotency_outbox.durations import as_seconds, as_timedelta
 from django_idempotency_outbox.errors import ConfigurationError
@@ -115,7 +116,12 @@ class AppSettings:
         """
         # One shared empty dict when the project has none: a new {} per call
         # would look like a changed dict, and every read would convert again.
-        value = getattr(settings, self.namespace, _NO_SETTINGS)
+        # Read from the settings object LazySettings wraps (override_settings
+        # replaces it): through LazySettings, a namespace the project does not
+        # set costs an AttributeError raised in Python on every read, and the
+        # request path reads settings a dozen times (docs/benchmarks.md).
+        holder = _lazy_settings.get("_wrapped", empty)
+        value = getattr(settings if holder is empty else holder, self.namespace, _NO_SETTINGS)
         if not isinstance(value, Mapping):
             raise ConfigurationError(f"settings.{self.namespace} must be a dict.")
         return value
@@ -167,6 +173,9 @@ class AppSettings:
 
 
 _UNSET = object()
+#: LazySettings' own attributes: ``_wrapped`` is the settings object it stands
+#: for (``empty`` until first use), replaced by ``override_settings``.
+_lazy_settings: dict[str, Any] = object.__getattribute__(settings, "__dict__")
 _NO_SETTINGS: Mapping[str, Any] = MappingProxyType({})
 
 #: Every settings object, so that one system check covers them all.

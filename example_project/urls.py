@@ -10,7 +10,6 @@ from example_project.traces import traces
 from outbox import health_view
 
 
-
 class SchemaView(SpectacularAPIView):
     """drf-spectacular's schema view, generating one schema at a time in a process.
 

@@ -192,7 +192,7 @@ def check_request(
     if tenant_id is None:
         return no_tenant_response()
     s = idempotency_settings
-    header = request.headers.get(s.HEADER)
+    header = _header(request, s.HEADER)
     key: str | None = None
     if header is None:
         if required:
@@ -207,3 +207,15 @@ def check_request(
         except core.InvalidKey as exc:
             return problem_response(s.STATUS_KEY_INVALID, "idempotency_key_invalid", str(exc))
     return key, tenant_id
+
+
+def _header(request: HttpRequest, name: str) -> str | None:
+    """The value of the request header ``name``, read from ``META``.
+
+    ``request.headers`` would build a dict of every header for this one.
+    """
+    key = name.upper().replace("-", "_")
+    if key not in ("CONTENT_TYPE", "CONTENT_LENGTH"):  # the two WSGI keeps unprefixed
+        key = "HTTP_" + key
+    value = request.META.get(key)
+    return None if value is None else str(value)

@@ -28,10 +28,12 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import IntegrityError, connections, transaction
+from django.db import DatabaseError, IntegrityError, connections, transaction
 from django.db.models import BooleanField, Count, ExpressionWrapper, Q, Window
 from django.db.models.functions import Coalesce, Now
 
+from django_idempotency_outbox import statements
+from django_idempotency_outbox.statements import Statement
 from idempotency.models import IdempotencyKey
 from tenancy.conf import tenancy_settings
 from tenancy.context import search_path_sql, set_tenant_sql
@@ -251,12 +253,17 @@ def lookup(alias: str, request: IdempotentRequest, *, lock: bool = False) -> Key
     transaction (``locked`` says whether the lock was free), in the same
     statement.
     """
-    sql, params = _LOOKUP_ONLY, _key(request)
     if lock:
-        sql, params = _LOOKUP_AND_LOCK, _key(request, lock_id=request.lock_id)
-    with connections[alias].cursor() as cursor:
-        cursor.execute(sql, params)
-        live, locked, leased, token, fingerprint, state, status, body, headers = cursor.fetchone()
+        statement, params = _CLAIM_STATEMENT, _key(request, lock_id=request.lock_id)
+    else:
+        statement, params = _PEEK_STATEMENT, _key(request)
+    cursor = statements.cursor(alias)
+    try:
+        cursor.execute(_sql(cursor, statement), params)
+    except DatabaseError as exc:
+        statements.forget_if_gone(cursor, exc)
+        raise
+    live, locked, leased, token, fingerprint, state, status, body, headers = cursor.fetchone()
     return KeyLookup(live, locked, leased, token, fingerprint, state, status, body, _json(headers))
 
 
@@ -276,21 +283,45 @@ def peek(alias: str, request: IdempotentRequest) -> KeyLookup | None:
     the caller looks the key up in its transaction. None too in the verified
     tenant context: its token is bound to a transaction's start, which a
     message cannot know before it runs.
+
+    The first read of a connection that may keep prepared statements (an
+    alias that is not pooled, :func:`tenancy.context.pooled`) prepares the
+    request path's statements in the same message (:data:`_PREPARED`).
     """
     connection = connections[alias]
     if connection.in_atomic_block or not connection.get_autocommit():
         return None
     if tenancy_settings.VERIFIED_CONTEXT is not None:
         return None
-    with connection.cursor() as cursor:
-        if not isinstance(cursor.cursor, psycopg.ClientCursor):
-            return None
-        pin = search_path_sql(alias).replace("%", "%%")
-        cursor.execute(f"{set_tenant_sql(request.tenant_id)}; {pin}; {_LOOKUP_ONLY}",
-                       _key(request))
-        cursor.nextset()  # past the two SET LOCALs, to the lookup's row
-        cursor.nextset()
-        live, locked, leased, token, fingerprint, state, status, body, headers = cursor.fetchone()
+    cursor = statements.cursor(alias)
+    if not isinstance(cursor.cursor, psycopg.ClientCursor):
+        return None
+    pin = search_path_sql(alias).replace("%", "%%")
+    while True:  # once more after finding the prepared statements gone
+        prepare = ""
+        if statements.state(cursor, _PEEK_STATEMENT) is None and statements.may_prepare(
+            cursor, alias
+        ):
+            # After the pin, so that they are analysed with the library's
+            # tables (PostgreSQL analyses a prepared statement again should the
+            # search_path it runs under ever differ).
+            prepare = "".join(f"{statement.prepare}; " for statement in _PREPARED)
+        lookup = _PEEK_STATEMENT.call if prepare else _sql(cursor, _PEEK_STATEMENT)
+        try:
+            cursor.execute(f"{set_tenant_sql(request.tenant_id)}; {pin}; {prepare}{lookup}",
+                           _key(request))
+        except DatabaseError as exc:
+            if prepare:
+                statements.record(cursor, _PREPARED, prepared=False)  # unknown: text from now on
+            elif statements.forget_if_gone(cursor, exc):
+                continue
+            raise
+        if prepare:
+            statements.record(cursor, _PREPARED, prepared=True)
+        while cursor.nextset():  # past the SET LOCALs and PREPAREs, to the lookup's row
+            pass
+        break
+    live, locked, leased, token, fingerprint, state, status, body, headers = cursor.fetchone()
     return KeyLookup(live, locked, leased, token, fingerprint, state, status, body, _json(headers))
 
 
@@ -300,8 +331,6 @@ _INSERT = f"""
 INSERT INTO idempotency_keys (tenant_id, scope, key, {_names(_FINISHED)})
 VALUES (%(tenant_id)s, %(scope)s, %(key)s, {_exprs(_FINISHED)})
 """
-# The store and the COMMIT in one round trip (see insert_finished).
-_INSERT_AND_COMMIT = _INSERT + "; COMMIT"
 
 # Taking over an expired, unreaped row, expired by the database clock. A pending
 # row (phases mode) never expires into "new": its work may be half done.
@@ -309,6 +338,36 @@ _REPLACE_EXPIRED = f"""
 UPDATE idempotency_keys SET ({_names(_FINISHED)}) = ROW({_exprs(_FINISHED)})
  WHERE {_KEY} AND expires_at <= now() AND state <> '{PENDING}'
 """
+
+
+# --- prepared statements ---------------------------------------------------------
+#
+# Sent as text, each of the three statements above is parsed and planned by the
+# server every time: for the read (its join, the row-level security policy)
+# that is most of its cost, about 90 µs of server CPU against 40 prepared
+# (docs/benchmarks.md). On an alias that is not pooled they are
+# prepared, all three by a connection's first read (peek), in the same
+# message, and sent as EXECUTE from then on (django_idempotency_outbox.statements).
+# Through a pooler nothing is ever prepared: the next borrower of a server
+# session would find names it did not prepare (tests/idempotency/test_prepared.py).
+
+#: The parameters' types, for PREPARE.
+_PARAM_TYPES = {
+    "tenant_id": "bigint", "scope": "text", "key": "text", "lock_id": "bigint",
+    "fingerprint": "text", "method": "text", "path": "text", "state": "text",
+    "status_code": "integer", "response": "bytea", "response_headers": "text",
+    "ttl": "interval",
+}
+
+_PEEK_STATEMENT = Statement.of("idempotency_peek", _LOOKUP_ONLY, _PARAM_TYPES)
+_CLAIM_STATEMENT = Statement.of("idempotency_claim", _LOOKUP_AND_LOCK, _PARAM_TYPES)
+_STORE_STATEMENT = Statement.of("idempotency_store", _INSERT, _PARAM_TYPES)
+_PREPARED = (_PEEK_STATEMENT, _CLAIM_STATEMENT, _STORE_STATEMENT)
+
+
+def _sql(cursor: Any, statement: Statement) -> str:
+    """``statement`` as this cursor's session takes it: EXECUTE once prepared, else its text."""
+    return statement.call if statements.state(cursor, statement) else statement.sql
 
 
 def insert_finished(
@@ -332,20 +391,24 @@ def insert_finished(
         False when another transaction stored this key first (the primary
         key refused ours); the caller's transaction must then roll back.
     """
-    with connections[alias].cursor() as cursor:
-        merge = commit and isinstance(cursor.cursor, psycopg.ClientCursor)
-        try:
-            cursor.execute(
-                _INSERT_AND_COMMIT if merge else _INSERT,
-                _request(request, **_answer(response, state, ttl)),
-            )
-        except IntegrityError as exc:
-            # Only the primary key means a lost race. Anything else (a deferred
-            # constraint of the handler's, checked at the merged COMMIT) is the
-            # handler's error.
-            if _is_key_conflict(exc):
-                return False
-            raise
+    cursor = statements.cursor(alias)
+    merge = commit and isinstance(cursor.cursor, psycopg.ClientCursor)
+    sql = _sql(cursor, _STORE_STATEMENT)
+    try:
+        cursor.execute(
+            f"{sql}; COMMIT" if merge else sql,
+            _request(request, **_answer(response, state, ttl)),
+        )
+    except IntegrityError as exc:
+        # Only the primary key means a lost race. Anything else (a deferred
+        # constraint of the handler's, checked at the merged COMMIT) is the
+        # handler's error.
+        if _is_key_conflict(exc):
+            return False
+        raise
+    except DatabaseError as exc:
+        statements.forget_if_gone(cursor, exc)
+        raise
     return True
 
 

@@ -13,6 +13,12 @@ cannot share a transaction with the offset. Each round therefore is::
     3. send the batch to the broker                (no transaction open)
     4. advance the offset, compare-and-set on the old position and the lease
 
+While 3 and 4 run for a full batch, a thread of the relay's own reads the
+batch after it (:class:`_ReadAhead`): the database and the broker work at
+the same time. A read only looks: it takes the position it would have had
+anyway, and is used only if the round ends at that position with the lease
+still held; otherwise it is dropped and the next round reads again.
+
 With ``OUTBOX["SIGNING_KEYS"]`` set, each message is signed between 2 and 3
 (:mod:`outbox.signing`), whichever way its envelope is built.
 
@@ -48,11 +54,13 @@ import socket
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
-from django.db import connections
+from django.db import close_old_connections, connections
 
 from django_idempotency_outbox import metrics, tracing
 from django_idempotency_outbox.durations import backoff
@@ -122,6 +130,63 @@ class _Heartbeat:
         self._thread.join()
 
 
+class _ReadAhead:
+    """Reads the relay's next batch on a thread of its own while the current one is sent.
+
+    The read after a position does not depend on anything the send or the
+    advance of the batch before it does: it is the read the next round would
+    make, made earlier (the fence makes any read gap-safe, whenever it runs:
+    :func:`outbox.store.read_batch`). The thread keeps its own connection to
+    the system alias, closed by :meth:`close`.
+    """
+
+    def __init__(self, relay: Relay) -> None:
+        self._relay = relay
+        self._pool: ThreadPoolExecutor | None = None
+        self._after: Position | None = None
+        self._pending: Future[Batch[Any]] | None = None
+
+    def start(self, position: Position) -> None:
+        """Begin reading the batch after ``position``."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(
+                1, thread_name_prefix=f"outbox relay {self._relay.name} read-ahead"
+            )
+        self.drop()
+        self._after = position
+        self._pending = self._pool.submit(self._read, position)
+
+    def take(self, position: Position) -> Batch[Any] | None:
+        """The batch read after ``position``, if that is what was read; else None."""
+        pending, after = self._pending, self._after
+        self._pending = self._after = None
+        if pending is None or after != position:
+            return None
+        try:
+            return pending.result()
+        except Exception:  # noqa: BLE001 - the round reads again, and meets the error itself
+            return None
+
+    def drop(self) -> None:
+        """Forget a read under way (its result is not used)."""
+        self._pending = self._after = None
+
+    def close(self) -> None:
+        """Stop the thread, closing its connection."""
+        if self._pool is not None:
+            self._pool.submit(_close, self._relay.alias).result()
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self.drop()
+
+    def _read(self, position: Position) -> Batch[Any]:
+        relay = self._relay
+        close_old_connections()  # this thread's connection, as run_loop does for the relay's
+        if relay.transport.reads_envelopes:
+            return store.read_envelopes(relay.alias, position, relay.batch_size)
+        return store.read_batch(relay.alias, position, relay.batch_size)
+
+
 def _close(alias: str) -> None:
     """Close this thread's connection to ``alias`` (broken ones included)."""
     try:
@@ -187,6 +252,7 @@ class Relay:
         # known here: no statement per poll but the read.
         self._position: Position | None = None
         self._heartbeat: _Heartbeat | None = None
+        self._read_ahead = _ReadAhead(self)
 
     def _claim(self) -> Position | None:
         heartbeat = self._heartbeat
@@ -207,6 +273,11 @@ class Relay:
             self._heartbeat.stop()
             self._heartbeat = None
 
+    def _read(self, position: Position) -> Batch[Message] | Batch[Envelope]:
+        if self.transport.reads_envelopes:  # PostgreSQL writes the JSON
+            return store.read_envelopes(self.alias, position, self.batch_size)
+        return store.read_batch(self.alias, position, self.batch_size)
+
     def step(self) -> bool:
         """One round; True when another round may find work at once."""
         try:
@@ -222,11 +293,9 @@ class Relay:
         position = self._claim()
         if position is None:
             return False  # another relay holds the lease
-        batch: Batch[Message] | Batch[Envelope]
-        if self.transport.reads_envelopes:  # PostgreSQL writes the JSON
-            batch = store.read_envelopes(self.alias, position, self.batch_size)
-        else:
-            batch = store.read_batch(self.alias, position, self.batch_size)
+        batch: Batch[Message] | Batch[Envelope] | None = self._read_ahead.take(position)
+        if batch is None:
+            batch = self._read(position)
         if not batch.messages:
             # Nothing to send, but the position may still move: past ids that
             # were rolled back, and off tenants whose publisher has ended.
@@ -240,6 +309,9 @@ class Relay:
         if self._heartbeat is None or self._heartbeat.lost.is_set():
             self._position = None  # another relay took over while this one read
             return False
+        moved = batch.position_after(position)
+        if not batch.complete:  # more is waiting: read it while this batch is sent
+            self._read_ahead.start(moved)
         keys = outbox_settings.SIGNING_KEYS
         if keys:  # every envelope carries the signature receivers verify
             batch = signing.signed(batch, keys[0])
@@ -269,7 +341,6 @@ class Relay:
         if self._broker_failures:
             logger.info("outbox: relay %s reaches the broker again", self.name)
             self._broker_failures = 0
-        moved = batch.position_after(position)
         advanced = store.advance_leased(
             self.lease_alias, self.offset_name, self.owner, position, moved
         )
@@ -298,6 +369,7 @@ class Relay:
             run_loop(self.step, name=f"relay {self.name}", stop=self.stop, once=True)
         finally:
             self._stop_heartbeat()
+            self._read_ahead.close()
         return self.sent - before
 
     def run(self) -> None:
@@ -306,6 +378,7 @@ class Relay:
             try:
                 run_loop(self.step, name=f"relay {self.name}", stop=self.stop, wake_up=wake_up)
             finally:
+                self._read_ahead.close()
                 self.release()
                 self.transport.close()
 

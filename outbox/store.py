@@ -32,10 +32,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.db.models import Count, F, Q
 from django.db.models.functions import Now
 
+from django_idempotency_outbox import statements
+from django_idempotency_outbox.statements import Statement
 from outbox.stream import ENVELOPE_KEYS, Batch, Envelope, Message, Position
 from tenancy.context import execute_pinned
 
@@ -197,13 +199,17 @@ def _jsonb(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str | bytes) else value
 
 
+#: One encoder for every call: ``json.dumps(value, cls=...)`` would make a new one each time.
+_ENCODER = DjangoJSONEncoder()
+
+
 def _to_jsonb(value: Any) -> str:
     """JSON text for a ``%s::jsonb`` parameter (dates, decimals, UUIDs as Django encodes them).
 
     Raises:
         TypeError: ``value`` is not JSON-serialisable.
     """
-    return json.dumps(value, cls=DjangoJSONEncoder)
+    return _ENCODER.encode(value)
 
 
 # -- publishing ---------------------------------------------------------------
@@ -218,6 +224,16 @@ INSERT INTO outbox_messages
        (tenant_id, message_id, topic, key, aggregate_type, aggregate_id, payload, headers)
 VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s::jsonb)
 """
+
+
+# On an alias that is not pooled, prepared by the first message that sends it
+# on a connection, and sent as EXECUTE from then on
+# (django_idempotency_outbox.statements): the server parses and plans it once
+# per connection, not once per message.
+_INSERT_STATEMENT = Statement.of(
+    "outbox_insert", _INSERT_MESSAGE, ["bigint", "uuid", "text", "text", "text", "text", "text",
+                                       "text"],
+)
 
 
 def insert_message(
@@ -240,10 +256,25 @@ def insert_message(
     """
     params: list[Any] = [
         tenant_id, message_id, topic, key, aggregate_type, aggregate_id,
-        _to_jsonb(payload), _to_jsonb(headers),
+        _to_jsonb(payload), _to_jsonb(headers) if headers else "{}",
     ]
-    with connections[using].cursor() as cursor:
-        cursor.execute(_INSERT_MESSAGE, params)
+    cursor = statements.cursor(using)
+    known = statements.state(cursor, _INSERT_STATEMENT)
+    prepare = known is None and statements.may_prepare(cursor, using)
+    if prepare:
+        sql = f"{_INSERT_STATEMENT.prepare}; {_INSERT_STATEMENT.call}"
+    else:
+        sql = _INSERT_STATEMENT.call if known else _INSERT_MESSAGE
+    try:
+        cursor.execute(sql, params)
+    except DatabaseError as exc:
+        if prepare:  # did its PREPARE run? Unknown: text on this connection from now on
+            statements.record(cursor, (_INSERT_STATEMENT,), prepared=False)
+        else:
+            statements.forget_if_gone(cursor, exc)
+        raise
+    if prepare:
+        statements.record(cursor, (_INSERT_STATEMENT,), prepared=True)
 
 
 # -- the stream ---------------------------------------------------------------

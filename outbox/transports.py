@@ -8,8 +8,11 @@ receivers de-duplicate by message id (:mod:`outbox.receivers`).
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
+import re
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -353,10 +356,8 @@ class _RedisWire:
         origin = anon_nodename()  # what as_task_v2 would compute for each message
         prepare, augment = channel.prepare_message, channel._inplace_augment_message
         priority_of, key_for = channel._get_message_priority, channel._q_for_pri
-        lists: dict[str, list[str]] = {}
-        trace = tracing.enabled()
-        tail: tuple[Any, str] = (None, "")  # (kwargs, embed) and their JSON, as last built
-        for item, task in zip(items, tasks, strict=True):
+        def whole(item: _Outgoing, task: str) -> tuple[str, str]:
+            """The Redis list and the message of ``item``, each step run for it alone."""
             name = queues[task].name
             headers, properties, (args, kwargs, embed), _ = as_task(
                 item.message_id, task, args=(), kwargs={}, origin=origin,
@@ -364,14 +365,23 @@ class _RedisWire:
             )
             if trace:
                 headers.update(item.trace_headers())
-            if tail[0] != (kwargs, embed):
-                tail = ((kwargs, embed), f"{json_dumps(kwargs)},{json_dumps(embed)}]")
-            body = f"[[{item.as_json(json_dumps)}],{tail[1]}"
+            body = f"[[{item.as_json(json_dumps)}],{json_dumps(kwargs)},{json_dumps(embed)}]"
             properties["delivery_mode"] = modes[task]
             wire = prepare(body, 0, content_type, content_encoding, headers, properties)
             augment(wire, "", name)
-            key = key_for(name, priority_of(wire, reverse=False))
-            lists.setdefault(key, []).append(json_dumps(wire))
+            return key_for(name, priority_of(wire, reverse=False)), json_dumps(wire)
+
+        lists: dict[str, list[str]] = {}
+        trace = tracing.enabled()
+        templates: dict[str, _Template | None] = {}
+        for item, task in zip(items, tasks, strict=True):
+            if task not in templates:
+                # Each message carries its own trace context in its headers.
+                templates[task] = None if trace else _Template.of(
+                    whole(_Template.HOLES, task), json_dumps)
+            template = templates[task]
+            key, text = whole(item, task) if template is None else template.fill(item)
+            lists.setdefault(key, []).append(text)
         with channel.conn_or_acquire() as client:
             if len(lists) == 1:
                 [(key, values)] = lists.items()
@@ -571,6 +581,94 @@ class _Confirms:
             raise BatchNotConfirmed(
                 f"RabbitMQ confirmed {self.acked - self.first} of {self.count} message(s) "
                 f"within {timeout:g} s")
+
+
+class _Template:
+    """A task's Redis message as :class:`_RedisWire` writes it, with holes for what varies.
+
+    Building each message through Celery's and kombu's steps cost most of the
+    relay's time per message (docs/benchmarks.md). Those steps put what
+    varies from one message to the next into the message verbatim: the task
+    id (the outbox message id) in the headers' ``id`` and ``root_id`` and the
+    properties' ``correlation_id``, the printable arguments in ``argsrepr``,
+    the body (base64 of the JSON of ``[[envelope], kwargs, embed]``) and
+    kombu's random delivery tag; nothing else in the message depends on them.
+    So the steps run once per task and batch, for a stand-in message whose
+    id, argsrepr, body and tag are placeholders (:data:`HOLES`), and each
+    message is that message's JSON with its own values in those places.
+
+    The template is used only if each placeholder is found exactly where
+    those steps put it (three ids, one of each other), else each message is
+    built whole: a release of Celery or kombu that puts them elsewhere, or
+    copies them, changes nothing but the speed. tests/outbox/test_redis_wire.py
+    holds the messages to the bytes kombu's own ``Producer.publish`` writes.
+    """
+
+    ID = "dio-hole-1d"
+    ARGSREPR = "dio-hole-argsrepr"
+    BODY = "dio-hole-b0dy"
+    TAG = "dio-hole-tag"
+    #: Where each placeholder must be, and how often.
+    EXPECTED = {ID: 3, ARGSREPR: 1, BODY: 1, TAG: 1}
+
+    class _StandIn:
+        """What :meth:`_RedisWire.send`'s steps read of a message, as placeholders."""
+
+        message_id = "dio-hole-1d"
+
+        @staticmethod
+        def argsrepr() -> str:
+            return _Template.ARGSREPR
+
+        @staticmethod
+        def as_json(dumps: Any) -> str:
+            return _Template.BODY
+
+    HOLES: Any = _StandIn()
+
+    __slots__ = ("dumps", "holes", "key", "literals", "tail")
+
+    def __init__(self, key: str, literals: list[str], holes: list[str], tail: str,
+                 dumps: Callable[[Any], str]) -> None:
+        self.key = key
+        self.literals = literals
+        self.holes = holes
+        self.tail = tail
+        self.dumps = dumps
+
+    @classmethod
+    def of(cls, built: tuple[str, str], dumps: Callable[[Any], str]) -> _Template | None:
+        """The template of a stand-in message built whole; None if its holes are not as expected."""
+        key, text = built
+        message = json.loads(text)
+        body = base64.b64decode(message["body"]).decode()
+        prefix = f"[[{cls.BODY}],"
+        if not body.startswith(prefix):
+            return None
+        # The message as built, with the placeholders kombu could not see through:
+        # the body was base64-encoded and the tag is random.
+        text = text.replace(json.dumps(message["body"]), json.dumps(cls.BODY), 1)
+        text = text.replace(json.dumps(message["properties"]["delivery_tag"]),
+                            json.dumps(cls.TAG), 1)
+        if {hole: text.count(hole) for hole in cls.EXPECTED} != cls.EXPECTED:
+            return None
+        pieces = re.split(f"({'|'.join(map(re.escape, cls.EXPECTED))})", text)
+        return cls(key, pieces[0::2], pieces[1::2], body[len(prefix):], dumps)
+
+    def fill(self, item: _Outgoing) -> tuple[str, str]:
+        """The Redis list and the message of ``item``."""
+        body = f"[[{item.as_json(self.dumps)}],{self.tail}"
+        values = {
+            self.ID: item.message_id,
+            self.ARGSREPR: json.dumps(item.argsrepr())[1:-1],
+            self.BODY: base64.b64encode(body.encode()).decode(),
+            self.TAG: str(uuid.uuid4()),  # kombu's delivery tag: a new uuid4 per message
+        }
+        out = [self.literals[0]]
+        for hole, literal in zip(self.holes, self.literals[1:], strict=True):
+            out.append(values[hole])
+            out.append(literal)
+        return self.key, "".join(out)
 
 
 def get_transport(transport: Transport | str | None = None) -> Transport:

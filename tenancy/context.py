@@ -72,11 +72,22 @@ def set_tenant_sql(tenant_id: int | None) -> str:
     return f"SET LOCAL {GUC} = '{value}'"
 
 
-#: Per (alias, database, role): the schemas the library's tenant transactions
-#: pin their names to (see :func:`search_path_sql`); per list of schemas, the
-#: statement.
-_schemas: dict[tuple[str, str, str], tuple[str, ...]] = {}
+#: Per alias and what it connects to (:func:`_target`): the schemas the
+#: library's tenant transactions pin their names to (see
+#: :func:`search_path_sql`); per list of schemas, the statement.
+_schemas: dict[tuple[str, ...], tuple[str, ...]] = {}
 _pins: dict[tuple[str, ...], str] = {}
+
+#: Per alias and what it connects to: whether the same probe found a pooler
+#: between the alias and the server (see :func:`pooled`).
+_behind_pooler: dict[tuple[str, ...], bool] = {}
+
+
+def _target(connection: Any) -> tuple[str, ...]:
+    """An alias and what it connects to: another host, port, database or role is probed anew."""
+    settings_dict = connection.settings_dict
+    return (connection.alias, *(str(settings_dict.get(name)) for name in
+                                 ("HOST", "PORT", "NAME", "USER")))
 
 #: The schemas of the search_path the session started with, whatever it has
 #: been SET to since (a session-level SET left by an earlier borrower of a
@@ -87,7 +98,8 @@ _pins: dict[tuple[str, ...], str] = {}
 #: redirect this query either.
 _DEFAULT_SCHEMAS = (
     b"SET LOCAL search_path TO DEFAULT; "
-    b"SELECT s FROM pg_catalog.unnest(pg_catalog.current_schemas(false)) AS s"
+    b"SELECT s, pg_catalog.pg_backend_pid()"
+    b" FROM pg_catalog.unnest(pg_catalog.current_schemas(false)) AS s"
 )
 
 
@@ -111,9 +123,9 @@ def search_path_sql(using: str) -> str:
     left behind does not matter either: the statement is transaction-local
     and names its schemas itself.
 
-    Derived once per alias (database and role) and process, from what the
-    session started with, never from what it may have been set to since
-    (:data:`_DEFAULT_SCHEMAS`); :func:`tenant_context` sends it with the
+    Derived once per alias (its host, port, database and role) and process,
+    from what the session started with, never from what it may have been set
+    to since (:data:`_DEFAULT_SCHEMAS`); :func:`tenant_context` sends it with the
     tenant, :func:`idempotency.store.peek` with its lookup, and a consumer's
     batch with the lock of its offset row: no extra round trip.
 
@@ -139,14 +151,16 @@ def pinned_schemas(using: str) -> tuple[str, ...]:
         ConfigurationError: the default search_path names no schema that exists.
     """
     connection = connections[using]
-    key = (using, str(connection.settings_dict.get("NAME")),
-           str(connection.settings_dict.get("USER")))
+    key = _target(connection)
     schemas = _schemas.get(key)
     if schemas is None:
-        schemas = tuple(
-            s for s in _default_schemas(connection)
-            if s != "pg_catalog" and not s.startswith(("pg_temp_", "pg_toast_temp_"))
-        )
+        found, server_pid = _default_schemas(connection)
+        # The same probe tells whether a pooler stands between this alias and
+        # the server (see pooled()).
+        login_pid = connection.connection.info.backend_pid
+        _behind_pooler[key] = server_pid is not None and server_pid != login_pid
+        schemas = tuple(s for s in found
+                        if s != "pg_catalog" and not s.startswith(("pg_temp_", "pg_toast_temp_")))
         if not schemas:
             raise ConfigurationError(
                 f"The default search_path of database alias {using!r} names no schema that "
@@ -174,7 +188,8 @@ def execute_pinned(cursor: Any, using: str, sql: str, params: Any = None) -> Non
         cursor.execute(sql, params)
 
 
-def _default_schemas(connection: Any) -> list[str]:
+def _default_schemas(connection: Any) -> tuple[list[str], int | None]:
+    """The schemas sessions of ``connection`` start with, and the server process's id."""
     connection.ensure_connection()
     raw = connection.connection
     with connection.wrap_database_errors, raw.lock:
@@ -182,7 +197,34 @@ def _default_schemas(connection: Any) -> list[str]:
         if result.status != psycopg.pq.ExecStatus.TUPLES_OK:
             raise psycopg.errors.error_from_result(result, encoding=raw.info.encoding)
     values = (result.get_value(row, 0) for row in range(result.ntuples))
-    return [value.decode(raw.info.encoding) for value in values if value is not None]
+    pid = result.get_value(0, 1) if result.ntuples else None
+    schemas = [value.decode(raw.info.encoding) for value in values if value is not None]
+    return schemas, None if pid is None else int(pid)
+
+
+
+def pooled(using: str) -> bool:
+    """Whether ``using`` is a pooled alias, whose server sessions the library must leave clean.
+
+    The library keeps nothing in a session (docs/scaling.md), with one
+    exception where it is safe: on an alias that is *not* pooled, the key's
+    statements are prepared once per connection (:mod:`idempotency.store`).
+    An alias is pooled when
+
+    - its settings say so: ``DISABLE_SERVER_SIDE_CURSORS`` is True (what
+      :func:`tenancy.databases` writes for ``pooled=...``, and what Django
+      requires of an alias behind a transaction pooler); or
+    - its connection shows it: the process id the connection was given at
+      login (libpq's ``backend_pid``) is not its server process's
+      (``pg_backend_pid()``). pgbouncer, like other poolers, answers the
+      login itself, with an id of its own. Asked once per alias and process,
+      with the probe of :func:`search_path_sql` (no round trip of its own).
+    """
+    connection = connections[using]
+    if connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"):
+        return True
+    search_path_sql(using)
+    return _behind_pooler.get(_target(connection), True)
 
 
 def pin_search_path(sender: Any = None, connection: Any = None, **kwargs: Any) -> None:
@@ -266,11 +308,15 @@ def read_binding(connection: Any) -> str:
 def _set(connection: Any, tenant_id: int | None, *, fresh: bool = False) -> None:
     # The first context of a transaction pins its names too (search_path_sql),
     # in the same message: contexts inside it find the path pinned already.
-    pin = f"; {search_path_sql(connection.alias)}" if fresh else ""
+    pin = [search_path_sql(connection.alias)] if fresh else []
     key = tenancy_settings.VERIFIED_CONTEXT
     if key is None:
-        with connection.cursor() as cursor:
-            cursor.execute(set_tenant_sql(tenant_id) + pin)
+        # On the cursor the library keeps per connection: a new one costs
+        # more than this statement (django_idempotency_outbox.statements,
+        # which imports this module, hence the import here).
+        from django_idempotency_outbox.statements import cursor as kept_cursor
+
+        _send(kept_cursor(connection.alias), [set_tenant_sql(tenant_id), *pin])
         return
     value = "" if tenant_id is None else str(validate_tenant_id(tenant_id))
     # The verified mode: the token, bound to this transaction, is what the
@@ -280,7 +326,21 @@ def _set(connection: Any, tenant_id: int | None, *, fresh: bool = False) -> None
         _bindings[connection] = read_binding(connection)
     token = "" if tenant_id is None else mint_token(key, tenant_id, _bindings[connection])
     with connection.cursor() as cursor:
-        cursor.execute(f"SET LOCAL {GUC} = '{value}'; SET LOCAL {TOKEN_GUC} = '{token}'{pin}")
+        _send(cursor, [f"SET LOCAL {GUC} = '{value}'", f"SET LOCAL {TOKEN_GUC} = '{token}'", *pin])
+
+
+def _send(cursor: Any, statements: list[str]) -> None:
+    """Send ``statements`` (no parameters) in one message, where the cursor can.
+
+    A cursor that binds on the server (``OPTIONS["server_side_binding"]``)
+    sends one statement per message: psycopg may prepare what it sends
+    (``prepare_threshold``), and a prepared statement holds one statement.
+    """
+    if isinstance(cursor.cursor, psycopg.ClientCursor):
+        cursor.execute("; ".join(statements))
+        return
+    for statement in statements:
+        cursor.execute(statement)
 
 
 @contextmanager

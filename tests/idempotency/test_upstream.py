@@ -122,6 +122,31 @@ def alone(statement: str) -> bool:
     return statement.startswith(HELD) and ";" not in statement
 
 
+# The request path's statements, as text or as their prepared form
+# (idempotency.store: prepared where the alias is not pooled,
+# tests/idempotency/test_prepared.py pins which one goes when).
+def reads_key(message: str) -> bool:
+    """The message ends with the key's read (no lock)."""
+    last = message.rsplit("; ", 1)[-1]
+    return last.startswith(f"EXECUTE {store._PEEK_STATEMENT.name}(") or (
+        "LEFT JOIN idempotency_keys" in last and "pg_try_advisory_xact_lock" not in last)
+
+
+def claims_key(message: str) -> bool:
+    """The message ends with the key's lookup and lock."""
+    last = message.rsplit("; ", 1)[-1]
+    return last.startswith(f"EXECUTE {store._CLAIM_STATEMENT.name}(") or (
+        "LEFT JOIN idempotency_keys" in last and "pg_try_advisory_xact_lock" in last)
+
+
+def stores_key(message: str) -> bool:
+    """The message ends with the key's INSERT and COMMIT."""
+    statements = message.split("; ")
+    return statements[-1] == "COMMIT" and (
+        statements[-2].startswith(f"EXECUTE {store._STORE_STATEMENT.name}(")
+        or statements[-2].lstrip().startswith("INSERT INTO idempotency_keys"))
+
+
 def request(key: str = "k", fingerprint: str = "f" * 64) -> core.IdempotentRequest:
     return core.IdempotentRequest(
         tenant_id=1, scope="upstream", key=key, fingerprint=fingerprint, method="POST", path="/x"
@@ -186,15 +211,15 @@ def test_a_new_key_is_a_read_a_claim_and_a_store():
     sent = traced.round_trips()
     assert not [s for s in sent if alone(s)], f"a held statement went out alone: {sent}"
     assert "BEGIN" not in sent, f"psycopg sent its BEGIN as a round trip of its own: {sent}"
-    peek, claim, order, store = sent  # and no COMMIT of its own after the store
+    peek, claim, order, stored_ = sent  # and no COMMIT of its own after the store
     assert peek.startswith(f"SET LOCAL app.tenant_id = '1'; {search_path_sql(app_alias())}; ")
-    assert "LEFT JOIN idempotency_keys" in peek and "pg_try_advisory_xact_lock" not in peek
+    assert reads_key(peek), peek
     pinned = f"BEGIN; SET LOCAL app.tenant_id = '1'; {search_path_sql(app_alias())}; SAVEPOINT "
     assert claim.startswith(pinned), claim
-    assert "LEFT JOIN idempotency_keys" in claim and "pg_try_advisory_xact_lock" in claim
+    assert claims_key(claim), claim
     assert order.startswith('INSERT INTO "testapp_order"'), order
-    assert store.startswith("RELEASE SAVEPOINT "), store
-    assert "INSERT INTO idempotency_keys" in store and store.endswith("; COMMIT"), store
+    assert stored_.startswith("RELEASE SAVEPOINT "), stored_
+    assert stores_key(stored_), stored_
     assert modes == [(False, pq.TransactionStatus.INTRANS)]
     assert idle() and app_connection().connection.autocommit is True
 
@@ -208,7 +233,7 @@ def test_a_replay_is_one_indexed_read_and_no_transaction():
     sent = traced.round_trips()
     assert len(sent) == 1, sent
     assert sent[0].startswith("SET LOCAL app.tenant_id = '1'; "), sent
-    assert "LEFT JOIN idempotency_keys" in sent[0] and "BEGIN" not in sent[0]
+    assert reads_key(sent[0]) and "BEGIN" not in sent[0]
     assert idle() and app_connection().get_autocommit()
 
 
@@ -277,8 +302,9 @@ def test_a_failed_claim_message_leaves_a_transaction_django_rolls_back():
     # fails, the BEGIN has run: atomic() must roll back, and the connection
     # must be usable, in autocommit, afterwards.
     def broken(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        if "pg_try_advisory_xact_lock" in sql:
-            sql = sql.replace("LEFT JOIN idempotency_keys", "LEFT JOIN no_such_table")
+        if claims_key(sql):  # as text, or the EXECUTE of its prepared form
+            sql = sql.replace("LEFT JOIN idempotency_keys", "LEFT JOIN no_such_table").replace(
+                f"EXECUTE {store._CLAIM_STATEMENT.name}(", "SELECT * FROM no_such_table(")
         return execute(sql, params, many, context)
 
     app_connection().ensure_connection()
@@ -369,7 +395,7 @@ def test_when_the_merged_insert_fails_nothing_of_the_handlers_writes_is_committe
     with wire() as traced:
         result = core.execute(request(), handler, lambda r: r)
     sent = traced.round_trips()
-    failed = next(i for i, s in enumerate(sent) if "INSERT INTO idempotency_keys" in s)
+    failed = next(i for i, s in enumerate(sent) if stores_key(s))
     assert sent[failed].endswith("; COMMIT"), sent[failed]
     assert sent[failed + 1] == "ROLLBACK", sent  # the COMMIT after the failed INSERT never ran
     assert result.outcome is core.Outcome.REPLAYED and result.stored.body == b"racer"
