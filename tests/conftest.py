@@ -18,6 +18,23 @@ from tests.dbsetup import recreate_database
 from tests.helpers import truncate_all
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--order", choices=("file", "reverse", "shuffle"), default="file",
+        help="run the collected tests in file order (the default), reversed, or shuffled"
+             " (seeded by --order-seed): a test that passes only after or before another shows",
+    )
+    parser.addoption("--order-seed", type=int, default=0,
+                     help="the seed of --order=shuffle (printed in the header)")
+
+
+def pytest_report_header(config):
+    order = config.getoption("order")
+    if order == "shuffle":
+        return f"test order: shuffled, --order-seed={config.getoption('order_seed')}"
+    return None if order == "file" else f"test order: {order}"
+
+
 def pytest_configure(config):
     """Processes the tests start write their output as it comes.
 
@@ -30,12 +47,21 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip a ``direct_sessions`` test when DIO_POOLED puts an alias it names behind pgbouncer.
+    """Reorder as ``--order`` says; skip a ``direct_sessions`` test when DIO_POOLED puts an
+    alias it names behind pgbouncer.
 
     ``@pytest.mark.direct_sessions("system", reason=...)`` needs direct sessions
     on the aliases named; without names, on every alias.
     """
     from django.conf import settings
+
+    order = config.getoption("order")
+    if order == "reverse":
+        items.reverse()
+    elif order == "shuffle":
+        import random
+
+        random.Random(config.getoption("order_seed")).shuffle(items)
 
     if settings.TENANCY.get("VERIFIED_CONTEXT"):
         for item in items:

@@ -72,6 +72,20 @@ def statements(alias: str | None = None) -> Iterator[list[str]]:
         yield sent
 
 
+@contextlib.contextmanager
+def statements_on_every_alias() -> Iterator[list[tuple[str, str]]]:
+    """``(alias, sql)`` of every statement Django sends on any alias inside the block."""
+    sent: list[tuple[str, str]] = []
+    with contextlib.ExitStack() as stack:
+        for alias in settings.DATABASES:
+            def capture(execute, sql, params, many, context, alias=alias):
+                sent.append((alias, sql))
+                return execute(sql, params, many, context)
+
+            stack.enter_context(connections[alias].execute_wrapper(capture))
+        yield sent
+
+
 def dsn(alias: str = "default") -> str:
     db = settings.DATABASES[alias]
     return (
@@ -159,6 +173,15 @@ def server_pid(conn: psycopg.Connection) -> int:
     session, so this is the PID that pg_locks and pg_stat_activity show.
     """
     return conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+
+
+def documented_sql(page: str, heading: str) -> str:
+    """The first ```sql block under ``heading`` (a line of docs/``page``), as the page shows it."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / page).read_text()
+    after = text[text.index(f"\n{heading}\n"):]
+    return after.split("```sql\n", 1)[1].split("```", 1)[0]
 
 
 def count_rows(table: str, where: str = "TRUE") -> int:

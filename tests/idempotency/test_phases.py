@@ -231,6 +231,41 @@ def test_foreign_keys_are_stable_across_retries_and_unique_per_request(client, g
     assert stats["calls"] == 4 and stats["keys"] == 3 and stats["charges"] == 3
 
 
+@pytest.fixture
+def another_scope():
+    """The capture program under another scope (registered for the test only)."""
+
+    class CaptureElsewhere(CapturePayment):
+        scope = "payment.capture-elsewhere"
+        completable = False
+
+    yield CaptureElsewhere
+    phases._registry.pop(CaptureElsewhere.scope, None)
+
+
+def charge_keys(gateway) -> list[str]:
+    """The foreign keys of the charges the gateway made, in order."""
+    return [charge["key"] for charge in requests.get(gateway.url + "/charges", timeout=5).json()]
+
+
+def test_foreign_keys_differ_per_scope_and_for_a_key_reused_after_it_expired(gateway,
+                                                                           another_scope):
+    assert run_program(key="k").value.status_code == 201
+    request = IdempotentRequest(tenant_id=1, scope=another_scope.scope, key="k",
+                                fingerprint="f" * 64, method="POST", path="/x")
+    elsewhere = phases.execute(another_scope, request, data={"amount": 1000},
+                               kwargs={"order": "A1"}, principal="test")
+    assert elsewhere.value.status_code == 201  # the same tenant and key, another scope
+    with observer() as conn:  # the first key's TTL runs out; its key may be used again
+        conn.execute("UPDATE idempotency_keys SET expires_at = now() - interval '1 second'"
+                     " WHERE scope = %s", [CapturePayment.scope])
+    reused = run_program(key="k")
+    assert reused.outcome is Outcome.EXECUTED and reused.value.status_code == 201
+    keys = charge_keys(gateway)
+    assert len(keys) == 3 and len(set(keys)) == 3  # three requests, three foreign keys
+    assert gateway.stats()["charges"] == 3
+
+
 def test_phases_refuse_to_run_inside_an_atomic_block(gateway):
     with pytest.raises(RuntimeError, match="non_atomic_requests"), app_atomic():
         run_program()

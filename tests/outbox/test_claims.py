@@ -23,7 +23,7 @@ from outbox.testing import InMemoryTransport
 from tenancy import current_tenant_id, tenant_alias
 from tenancy.aliases import system_alias, worker_alias
 from tests.helpers import count_rows, observer
-from tests.outbox.helpers import (
+from tests.outbox.support.helpers import (
     SUBPROCESS_SETTINGS,
     Process,
     drain,

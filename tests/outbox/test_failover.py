@@ -18,16 +18,18 @@ from collections import Counter
 import redis
 from django.conf import settings as django_settings
 
-from tests.outbox.consumers import SlowRecorder
-from tests.outbox.helpers import (
+from tests.outbox.support.helpers import (
+    SUBPROCESS_SETTINGS,
     Process,
     effects,
+    faulty_transport,
     message_position,
     offset,
     publish_many,
+    queue_length,
     wait_for,
 )
-from tests.outbox.test_processes import SUBPROCESS_SETTINGS, queue_length
+from tests.outbox.support.recorders import SlowRecorder
 
 A = 1
 
@@ -94,7 +96,7 @@ def test_a_relay_killed_by_sigkill_is_replaced_by_a_waiting_one_within_seconds(
 
 def test_a_relay_whose_broker_call_outlasts_its_lease_keeps_it(tmp_path, queue):  # noqa: F811
     """Each batch takes three leases to send; the waiting relay never takes over."""
-    slow = relay(tmp_path, "slow", queue, "--transport", "tests.outbox.transports.SlowSend",
+    slow = relay(tmp_path, "slow", queue, "--transport", faulty_transport("SlowSend"),
                  "--batch-size", "2", DIO_SEND_DELAY="3")
     waiting = None
     owners: set[int | None] = set()

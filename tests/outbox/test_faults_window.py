@@ -18,20 +18,25 @@ import pytest
 import redis
 from django.conf import settings as django_settings
 
-from tests.outbox.helpers import effects, publish_many, wait_for
-from tests.outbox.rig import Worker
+from tests.outbox.support.helpers import (
+    FAULT_PROCESS_SETTINGS,
+    FAULT_WORKER_APP,
+    effects,
+    publish_many,
+    wait_for,
+)
+from tests.outbox.support.rig import Worker
 
 A = 1
-SETTINGS = {"DJANGO_SETTINGS_MODULE": "tests.outbox.fault_settings"}
-FAULT_APP = "tests.outbox.receiver_app"
-TASK = "tests.faults.receive"  # receiver_app.TASK
+SETTINGS = {"DJANGO_SETTINGS_MODULE": FAULT_PROCESS_SETTINGS}
+TASK = "tests.faults.receive"  # fault_worker_app.TASK
 
 
 @pytest.fixture
 def to_receiver(settings):
     """The relay sends to the fault app's ReceiverTask, on a queue of this test's own.
 
-    The task's name is written out: importing tests.outbox.receiver_app here would
+    The task's name is written out: importing tests.outbox.support.fault_worker_app here would
     register its shared task on every Celery app the suite makes later.
     """
     name = f"dio-window-{uuid.uuid4().hex[:8]}"
@@ -68,14 +73,14 @@ def test_a_message_taken_by_a_worker_killed_before_recording_it_needs_a_rewind(
     assert held_by_redis(to_receiver, str(message_id))
     taken = tmp_path / "taken"
     env = {**SETTINGS, "DIO_CELERY_QUEUE": to_receiver, "DIO_VISIBILITY_TIMEOUT": "2"}
-    first = Worker(FAULT_APP, to_receiver, tmp_path / "worker-1.log",
+    first = Worker(FAULT_WORKER_APP, to_receiver, tmp_path / "worker-1.log",
                    env={**env, "DIO_STALL_AFTER_POP": str(taken)})
     second = None
     try:
         wait_for(taken.exists, "the worker to take the message from its list")
         first.kill_group()  # after BRPOP, before kombu records it as unacknowledged
         assert not held_by_redis(to_receiver, str(message_id))
-        second = Worker(FAULT_APP, to_receiver, tmp_path / "worker-2.log", env=env)
+        second = Worker(FAULT_WORKER_APP, to_receiver, tmp_path / "worker-2.log", env=env)
         second.wait_ready()
         # Far past the visibility timeout (2 s) and the broker's restore sweep (1 s):
         # nothing comes back, because nothing was recorded.

@@ -18,13 +18,14 @@ from django.conf import settings as django_settings
 
 from tenancy.aliases import system_alias, worker_alias
 from tests.helpers import count_rows
-from tests.outbox.consumers import SlowRecorder
-from tests.outbox.helpers import (
+from tests.outbox.support.helpers import (
+    ORDER_WORKER_APP,
     SUBPROCESS_SETTINGS,
     Process,
     cut_sessions,
     drain,
     effects,
+    faulty_transport,
     offset,
     orders_by_key,
     pooled,
@@ -33,12 +34,13 @@ from tests.outbox.helpers import (
     queue_length,
     wait_for,
 )
+from tests.outbox.support.recorders import SlowRecorder
 
 A, B = 1, 2
 
 def worker(queue: str, tmp_path, env: dict[str, str] | None = None) -> Process:
     proc = Process(
-        [sys.executable, "-m", "celery", "-A", "tests.outbox.celery_app", "worker",
+        [sys.executable, "-m", "celery", "-A", ORDER_WORKER_APP, "worker",
          "-P", "solo", "-Q", queue, "--without-mingle", "--without-gossip",
          "--without-heartbeat", "-l", "info", "-n", f"{queue}@%h"],
         tmp_path / "worker.log",
@@ -178,7 +180,7 @@ def test_a_relay_killed_between_publish_and_offset_advance_resends_and_the_recei
     env = {**SUBPROCESS_SETTINGS, "DIO_CELERY_QUEUE": queue, "DIO_RELAY_LEASE": "1",
            **broker.env}
     dying = Process.manage(
-        "relay_outbox", "--once", "--transport", "tests.outbox.transports.DieAfterSend",
+        "relay_outbox", "--once", "--transport", faulty_transport("DieAfterSend"),
         log=tmp_path / "dying.log", env=env,
     )
     assert dying.popen.wait(120) == -signal.SIGKILL

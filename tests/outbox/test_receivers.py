@@ -19,7 +19,7 @@ from outbox import ReceiverTask, receive, receiver
 from outbox.celery import deliver
 from outbox.testing import relay_pending
 from tests.helpers import count_rows, observer
-from tests.outbox.helpers import effects, publish_many
+from tests.outbox.support.helpers import effects, publish_many
 
 A = 1
 

@@ -30,7 +30,9 @@ from outbox.stream import Envelope, Position
 from outbox.transports import CeleryTransport, _RedisWire
 from tenancy.aliases import system_alias
 from tests.helpers import observer
-from tests.outbox.helpers import (
+from tests.outbox.support.faulty_transports import DieAfterSend
+from tests.outbox.support.helpers import (
+    ORDER_WORKER_APP,
     SUBPROCESS_SETTINGS,
     Process,
     effects,
@@ -38,7 +40,6 @@ from tests.outbox.helpers import (
     publish_many,
     wait_for,
 )
-from tests.outbox.transports import DieAfterSend
 
 A, B = 1, 2
 
@@ -295,7 +296,7 @@ def test_a_celery_worker_runs_the_fast_paths_tasks_with_their_ids_and_envelopes(
     sent = []
     monkeypatch.setattr(_RedisWire, "send", _spy(_RedisWire.send, sent))
     proc = Process(
-        [sys.executable, "-m", "celery", "-A", "tests.outbox.celery_app", "worker",
+        [sys.executable, "-m", "celery", "-A", ORDER_WORKER_APP, "worker",
          "-P", "solo", "-Q", queue, "--without-mingle", "--without-gossip",
          "--without-heartbeat", "-l", "info", "-n", f"{queue}@%h"],
         tmp_path / "worker.log",

@@ -17,8 +17,8 @@ from tenancy.aliases import app_alias
 from tenancy.checks import check_privileges
 from tenancy.privileges import apply, compare, role_names, statements
 from tests.helpers import as_tenant, connect, observer
-from tests.outbox.consumers import FAILING, OrderRecorder
-from tests.outbox.helpers import publish_many
+from tests.outbox.support.helpers import publish_many
+from tests.outbox.support.recorders import FAILING, OrderRecorder
 
 A, B = 1, 2
 DOCS = Path(__file__).resolve().parents[2] / "docs"

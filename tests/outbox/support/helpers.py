@@ -24,7 +24,7 @@ from outbox.consumers import Consumer, ensure_offsets, run_batch
 from tenancy import tenant_context
 from tests.helpers import app_atomic, observer, set_tenant
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 #: Generous: waits end as soon as their condition holds. They exist because a
 #: transaction open elsewhere on the server (another test database) may hold
@@ -213,10 +213,27 @@ def pooler_clients(application_name: str) -> int:
                    == application_name)
 
 
+#: Dotted paths of the support modules, for subprocesses and settings.
+SUPPORT = "tests.outbox.support"
+ORDER_WORKER_APP = SUPPORT + ".order_worker_app"
+FAULT_WORKER_APP = SUPPORT + ".fault_worker_app"
+FAULT_PROCESS_SETTINGS = SUPPORT + ".fault_process_settings"
+
+
+def faulty_transport(name: str) -> str:
+    """The dotted path of a transport of ``faulty_transports`` (for ``--transport``)."""
+    return f"{SUPPORT}.faulty_transports.{name}"
+
+
+def recorder(name: str) -> str:
+    """The dotted path of a consumer of ``recorders`` (for ``OUTBOX["CONSUMERS"]``)."""
+    return f"{SUPPORT}.recorders.{name}"
+
+
 #: The environment of a subprocess that runs the outbox's commands: the
-#: outbox overlay (tests/outbox/settings.py) on this run's own settings module.
+#: outbox overlay (tests/outbox/support/process_settings.py) on this run's own settings module.
 SUBPROCESS_SETTINGS = {
-    "DJANGO_SETTINGS_MODULE": "tests.outbox.settings",
+    "DJANGO_SETTINGS_MODULE": "tests.outbox.support.process_settings",
     "DIO_BASE_SETTINGS": django_settings.SETTINGS_MODULE,
 }
 
@@ -241,7 +258,7 @@ class Broker:
         self.env = {"DIO_BROKER_URL": url} if name == "rabbitmq" else {}
         self.app: Any = None
         if name == "rabbitmq":
-            from tests.outbox.celery_app import build
+            from tests.outbox.support.order_worker_app import build
 
             self.app = build(url)
 
@@ -251,7 +268,7 @@ class Broker:
     def length(self, queue: str) -> int:
         """Messages waiting in ``queue`` (on RabbitMQ: ready, not delivered to a worker)."""
         if self.name == "rabbitmq":
-            from tests.outbox.rig import amqp_queue_length
+            from tests.outbox.support.rig import amqp_queue_length
 
             return amqp_queue_length(self.url, queue)
         with redis.Redis.from_url(self.url) as client:

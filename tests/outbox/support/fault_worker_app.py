@@ -1,6 +1,6 @@
 """The Celery app of the fault tests: a receiver built as the docs say.
 
-``celery -A tests.outbox.receiver_app worker``: one task,
+``celery -A tests.outbox.support.fault_worker_app worker``: one task,
 ``tests.faults.receive``, an ``outbox.ReceiverTask`` whose body is an
 ``outbox.receiver``. Its effect is an Order whose note is the message id; the
 payload steers it:
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import django
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.outbox.fault_settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.outbox.support.fault_process_settings")
 django.setup()
 
 from celery import Celery  # noqa: E402
@@ -72,7 +72,10 @@ app.conf.update(
 )
 
 
-@app.task(base=ReceiverTask, name=TASK)
+# shared=False: this app's task only. A shared task (Celery's default) would join
+# every Celery app created after this module is imported, such as the apps
+# tests/outbox/test_checks.py builds to check their receivers.
+@app.task(base=ReceiverTask, name=TASK, shared=False)
 @receiver(TASK)
 def receive(message: Message) -> None:
     payload = message.payload
