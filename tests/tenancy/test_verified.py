@@ -326,6 +326,25 @@ def test_the_app_role_sees_no_key_even_with_a_blanket_grant():
         assert conn.execute("SELECT count(*) FROM tenancy_context_keys").fetchone()[0] >= 1
 
 
+def test_an_app_alias_that_can_read_a_key_is_refused_with_e026():
+    app = tenancy_settings.APP_DATABASE
+    role = django_settings.DATABASES[app]["USER"]
+    errors = lambda: {m.id for m in checks.run_checks(databases=[app])  # noqa: E731
+                      if m.level >= checks.ERROR}
+    assert "tenancy.E026" not in errors()
+    with observer() as conn:  # a blanket grant, and the keys' row-level security switched off
+        conn.execute(f'GRANT SELECT ON tenancy_context_keys TO "{role}"')
+        conn.execute("ALTER TABLE tenancy_context_keys DISABLE ROW LEVEL SECURITY")
+    try:
+        assert "tenancy.E026" in errors()
+    finally:
+        with observer() as conn:
+            conn.execute("ALTER TABLE tenancy_context_keys ENABLE ROW LEVEL SECURITY")
+            conn.execute(f'REVOKE ALL ON tenancy_context_keys FROM "{role}"')
+        connections[app].close()
+    assert "tenancy.E026" not in errors()
+
+
 def test_the_app_role_cannot_switch_the_mode_back():
     with connect(autocommit=True) as conn:
         for statement in (
