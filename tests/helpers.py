@@ -3,12 +3,29 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
 from django.conf import settings
 from django.db import connections
+
+#: Generous: waits end as soon as their condition holds. They exist because a
+#: transaction open elsewhere on the server (another test database) may hold
+#: the outbox's delivery fence back for a moment; nothing here measures time.
+PATIENCE = 60.0
+
+
+def wait_for(predicate: Callable[[], bool], what: str, patience: float = PATIENCE) -> None:
+    """Until ``predicate()`` holds (polled every 50 ms); fails naming ``what`` after ``patience``
+    seconds."""
+    deadline = time.monotonic() + patience
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.05)
+
 
 #: Apps whose tables are emptied after every test.
 TRUNCATED_APPS = {"idempotency", "outbox", "testapp"}

@@ -22,14 +22,10 @@ from django.conf import settings as django_settings
 from outbox import publish
 from outbox.consumers import Consumer, ensure_offsets, run_batch
 from tenancy import tenant_context
-from tests.helpers import app_atomic, observer, set_tenant
+from tests.helpers import PATIENCE, app_atomic, observer, set_tenant, wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
 
-#: Generous: waits end as soon as their condition holds. They exist because a
-#: transaction open elsewhere on the server (another test database) may hold
-#: the delivery fence back for a moment; nothing here measures time.
-PATIENCE = 60.0
 
 
 def publish_as(tenant_id: int, topic: str, payload: dict[str, Any], **kwargs: Any) -> uuid.UUID:
@@ -76,14 +72,6 @@ def orders_by_key() -> dict[str, list[int]]:
     for sku, seq in rows:
         result.setdefault(sku, []).append(seq)
     return result
-
-
-def wait_for(predicate: Callable[[], bool], what: str, patience: float = PATIENCE) -> None:
-    deadline = time.monotonic() + patience
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.05)
 
 
 def drain(consumer: Consumer, until: Callable[[], bool] = lambda: True) -> int:
