@@ -7,14 +7,13 @@ import re
 import threading
 
 import pytest
-from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.db import connections, transaction
 
 from idempotency.exceptions import ReaperBusy
 from idempotency.reaper import ReaperRefused, reap_expired_keys
 from tenancy.aliases import app_alias, system_alias
-from tests.helpers import count_rows, observer, wait_for
+from tests.helpers import count_rows, observer, wait_for_lock_wait
 
 
 def make_keys(tenant_id: int, expired: int, live: int, pending_hours_ago: int = 0) -> None:
@@ -195,21 +194,6 @@ def test_two_sessions_claiming_the_lease_at_once_take_turns_and_the_second_finds
     with observer() as conn:
         assert conn.execute(
             "SELECT owner FROM idempotency_leases WHERE name = 'reaper'").fetchone()[0] == "first"
-
-
-def wait_for_lock_wait(alias: str) -> None:
-    """Until a session of ``alias``'s role waits for a lock (pg_stat_activity)."""
-
-    role = settings.DATABASES[alias]["USER"]
-
-    def waiting() -> bool:
-        with observer() as conn:
-            return conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE usename = %s"
-                " AND datname = current_database() AND wait_event_type = 'Lock'", [role],
-            ).fetchone()[0] > 0
-
-    wait_for(waiting, f"a session of {role} to wait for a lock")
 
 
 def test_it_reports_keys_stuck_unfinished():

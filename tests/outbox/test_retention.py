@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import re
+import threading
 from collections.abc import Iterator
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connections
+from django.db import connections, transaction
 
 from outbox.relay import Relay
 from outbox.retention import reap
 from outbox.testing import InMemoryTransport
 from tenancy.aliases import app_alias, system_alias
-from tests.helpers import count_rows, observer
+from tests.helpers import count_rows, observer, wait_for_lock_wait
 from tests.outbox.support.helpers import (
     drain,
     effects,
@@ -142,6 +143,62 @@ def test_reaping_deletes_in_bounded_batches(only_orders):
     with deletes() as batches:
         assert reap(batch_size=10).messages == 25
     assert batches == [("outbox_messages", 10), ("outbox_messages", 10), ("outbox_messages", 5)]
+    assert count_rows("outbox_messages") == 0
+
+
+def test_two_reapers_at_once_delete_each_row_once(only_orders):
+    """docs/operations.md: two at once pick from the same rows; a row is deleted once.
+
+    The first reaper's first batch is held uncommitted (its batches run in a transaction the
+    test keeps open) while the second picks the same rows and waits for them."""
+    publish_many(A, "order.placed", [{"sku": f"s{i}"} for i in range(25)])
+    drain(OrderRecorder(), until=lambda: len(effects()) == 25)
+    age_everything()
+    first_batch, go_on = threading.Event(), threading.Event()
+    results: dict[str, object] = {}
+
+    def hold_after_the_first_delete(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if "DELETE FROM outbox_messages" in sql and not first_batch.is_set():
+            first_batch.set()
+            go_on.wait(60)
+        return result
+
+    def first() -> None:
+        alias = system_alias()
+        try:
+            with connections[alias].execute_wrapper(hold_after_the_first_delete), \
+                    transaction.atomic(using=alias):
+                results["first"] = reap(batch_size=10)
+        except Exception as exc:  # reported below
+            results["first"] = exc
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    try:
+        assert first_batch.wait(60), results
+
+        def second() -> None:
+            try:
+                results["second"] = reap(batch_size=10)
+            except Exception as exc:  # reported below
+                results["second"] = exc
+            finally:
+                connections.close_all()
+
+        other = threading.Thread(target=second)
+        other.start()
+        wait_for_lock_wait(system_alias())  # the second waits for the rows the first holds
+    finally:
+        go_on.set()
+        thread.join(60)
+    other.join(60)
+    assert not thread.is_alive() and not other.is_alive()
+    done = [results["first"], results["second"]]
+    assert not any(isinstance(r, Exception) for r in done), done
+    assert sum(r.messages for r in done) == 25  # each row deleted once, by one of them
     assert count_rows("outbox_messages") == 0
 
 
