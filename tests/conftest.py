@@ -101,3 +101,25 @@ def _database(django_db_setup, django_db_blocker):
             if conn.alias != "owner" and conn.connection is not None and conn.in_atomic_block:
                 raise AssertionError(f"test left a transaction open on {conn.alias!r}")
         truncate_all()
+
+
+@pytest.fixture(params=[5, -5], ids=["app-clock-5h-ahead", "app-clock-5h-behind"])
+def wrong_app_clock(request, monkeypatch):
+    """The application's clock 5 hours off the database's, ahead or behind.
+
+    ``django.utils.timezone.now`` and ``time.time`` are moved; the database's
+    ``now()`` is not. Whatever the library computes from the app's clock then
+    lands five hours off (``datetime.now()`` cannot be moved: the library uses
+    neither it nor ``utcnow``, which tests/test_docs.py would not notice, so a
+    grep in the test that uses this fixture says so).
+    """
+    import datetime as dt
+    import time
+
+    from django.utils import timezone
+
+    offset = dt.timedelta(hours=request.param)
+    real_now, real_time = timezone.now, time.time
+    monkeypatch.setattr(timezone, "now", lambda: real_now() + offset)
+    monkeypatch.setattr(time, "time", lambda: real_time() + offset.total_seconds())
+    return offset

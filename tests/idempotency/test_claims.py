@@ -168,6 +168,61 @@ def test_expires_at_is_set_by_the_database_clock_even_when_the_app_clock_is_wron
     assert replayed["Idempotent-Replayed"] == "true"
 
 
+# --- docs/scaling.md: "TTLs, leases, COMPLETE_AFTER, STUCK_AFTER and retention are all
+# compared with now() in SQL, so the hosts' clocks may disagree" (the outbox's half:
+# tests/outbox/test_claims.py) ---------------------------------------------------------
+
+
+def _seconds_left(sql: str) -> float:
+    with observer() as conn:
+        return conn.execute(f"SELECT extract(epoch FROM {sql})::float").fetchone()[0]
+
+
+def _plant_pending(key: str, touched: str) -> None:
+    """A pending capture nobody holds, created and last touched ``touched`` ago."""
+    with observer() as conn:
+        conn.execute(
+            "INSERT INTO idempotency_keys (tenant_id, scope, key, request_hash, request_method,"
+            " request_path, state, recovery_point, created_at, updated_at, expires_at,"
+            " request_id) VALUES (1, 'payment.capture', %s, %s, 'POST', '/x', 'pending',"
+            " 'payment_created', now() - %s::interval, now() - %s::interval,"
+            " now() + interval '1 day', gen_random_uuid())", [key, "f" * 64, touched, touched])
+
+
+def test_every_lease_and_horizon_of_the_keys_is_the_database_clocks(settings, wrong_app_clock):
+    from idempotency.reaper import reap_expired_keys
+    from tenancy.aliases import system_alias
+
+    # A phases-mode claim's lease.
+    _pending(lease=dt.timedelta(seconds=30))
+    lease = _seconds_left("(SELECT locked_until FROM idempotency_keys) - clock_timestamp()")
+    assert 25 < lease <= 30
+    with observer() as conn:
+        conn.execute("DELETE FROM idempotency_keys")
+
+    # The key reaper's lease, while it runs.
+    settings.IDEMPOTENCY = {**settings.IDEMPOTENCY, "STUCK_AFTER": 3600, "GIVE_UP_AFTER": 3600}
+    leases: list[float] = []
+    with observer() as conn:
+        conn.execute(
+            "INSERT INTO idempotency_keys (tenant_id, scope, key, request_hash, request_method,"
+            " request_path, state, status_code, created_at, expires_at) VALUES (1, 's', 'gone',"
+            " 'h', 'POST', '/', 'completed', 201, now() - interval '2 days',"
+            " now() - interval '1 minute')")
+    reap_expired_keys(progress=lambda line: leases.append(_seconds_left(
+        "(SELECT until FROM idempotency_leases WHERE name = 'reaper') - now()")))
+    assert len(leases) == 1 and 50 < leases[0] <= idempotency_settings.REAP_LEASE
+
+    # Horizons: STUCK_AFTER and GIVE_UP_AFTER (the reaper), COMPLETE_AFTER (the completer).
+    _plant_pending("a minute old", "1 minute")
+    _plant_pending("two hours old", "2 hours")
+    report = reap_expired_keys(dry_run=True)
+    assert [k.key for k in report.stuck] == ["two hours old"]
+    assert report.gave_up == 1
+    found = store.abandoned_keys(system_alias(), ["payment.capture"], dt.timedelta(hours=1), 10)
+    assert [k.key for k in found] == ["two hours old"]
+
+
 # --- docs/phases.md: a fencing token stops a stale owner; a lease is taken over only when out ---
 
 
