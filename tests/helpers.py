@@ -27,18 +27,20 @@ def wait_for(predicate: Callable[[], bool], what: str, patience: float = PATIENC
         time.sleep(0.05)
 
 
-def wait_for_lock_wait(alias: str) -> None:
-    """Until a session of ``alias``'s role waits for a lock (``pg_stat_activity``)."""
+def lock_waits(alias: str) -> int:
+    """How many sessions of ``alias``'s role wait for a lock now (``pg_stat_activity``)."""
     role = settings.DATABASES[alias]["USER"]
+    with observer() as conn:
+        return int(conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE usename = %s"
+            " AND datname = current_database() AND wait_event_type = 'Lock'", [role],
+        ).fetchone()[0])
 
-    def waiting() -> bool:
-        with observer() as conn:
-            return conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE usename = %s"
-                " AND datname = current_database() AND wait_event_type = 'Lock'", [role],
-            ).fetchone()[0] > 0
 
-    wait_for(waiting, f"a session of {role} to wait for a lock")
+def wait_for_lock_wait(alias: str) -> None:
+    """Until a session of ``alias``'s role waits for a lock."""
+    wait_for(lambda: lock_waits(alias) > 0,
+             f"a session of {settings.DATABASES[alias]['USER']} to wait for a lock")
 
 
 #: Apps whose tables are emptied after every test.

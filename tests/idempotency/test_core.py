@@ -112,17 +112,19 @@ def test_a_pending_key_answers_in_progress_never_a_replay(outer):
     assert calls == []
 
 
-def test_in_progress_without_wait_and_replay_after_wait():
+def test_in_progress_without_wait_and_replay_after_wait(monkeypatch):
     import threading
     import time
 
-    release = threading.Event()
+    from django.db import connections
+    from django.test import override_settings
+
+    entered, release = threading.Event(), threading.Event()
 
     def slow():
-        release.wait(5)
+        entered.set()
+        release.wait(60)
         return stored(body=b"first")
-
-    from django.db import connections
 
     def first():
         try:
@@ -132,15 +134,25 @@ def test_in_progress_without_wait_and_replay_after_wait():
 
     t = threading.Thread(target=first)
     t.start()
-    time.sleep(0.3)
-    assert core.execute(request(), slow, lambda r: r, wait=0).outcome is core.Outcome.IN_PROGRESS
-    threading.Timer(0.3, release.set).start()
-    from django.test import override_settings
+    try:
+        assert entered.wait(60)  # the first request runs its handler, holding the key
+        assert core.execute(request(), slow, lambda r: r, wait=0).outcome is (
+            core.Outcome.IN_PROGRESS)
+        real_sleep, pauses = time.sleep, []
 
-    with override_settings(IDEMPOTENCY={"IN_PROGRESS_WAIT": 5}):  # the setting, not the argument
-        waited = core.execute(request(), slow, lambda r: r)
-    t.join(5)
-    assert waited.outcome is core.Outcome.REPLAYED and waited.stored.body == b"first"
+        def finish_the_first_once_waiting(seconds):
+            pauses.append(seconds)
+            release.set()  # the duplicate saw the key in progress and waits: the first ends
+            real_sleep(seconds)
+
+        monkeypatch.setattr(core.time, "sleep", finish_the_first_once_waiting)
+        with override_settings(IDEMPOTENCY={"IN_PROGRESS_WAIT": 5}):  # the setting
+            waited = core.execute(request(), slow, lambda r: r)
+    finally:
+        release.set()
+        t.join(60)
+    assert pauses  # the duplicate waited...
+    assert waited.outcome is core.Outcome.REPLAYED and waited.stored.body == b"first"  # ...for it
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,8 @@ import requests
 
 from idempotency import phases
 from idempotency.core import IdempotentRequest, Outcome
-from tests.helpers import app_atomic, count_rows, observer
+from tenancy.aliases import app_alias
+from tests.helpers import app_atomic, count_rows, lock_waits, observer, wait_for
 from tests.testapp.payments import CapturePayment
 
 BOUNDARIES = ["after_key_insert", "in_local_phase", "after_local_phase", "after_gateway",
@@ -112,7 +113,7 @@ def test_a_duplicate_during_a_running_phase_gets_409_with_retry_after(gateway):
     from django.db import connections
     from rest_framework.test import APIClient
 
-    gateway.control(delay=1.0)
+    gateway.control(hold=True)  # the first request's charge waits at the gateway
     answers = {}
 
     def first():
@@ -121,9 +122,12 @@ def test_a_duplicate_during_a_running_phase_gets_409_with_retry_after(gateway):
 
     thread = threading.Thread(target=first)
     thread.start()
-    time.sleep(0.4)  # the charge phase is running
-    duplicate = capture(APIClient())
-    thread.join(10)
+    try:
+        wait_for(lambda: gateway.stats()["held"] == 1, "the charge phase to be running")
+        duplicate = capture(APIClient())
+    finally:
+        gateway.control(hold=False)
+        thread.join(60)
     assert duplicate.status_code == 409
     assert duplicate["Retry-After"] == "1"
     assert duplicate.json()["code"] == "idempotency_key_in_progress"
@@ -180,6 +184,14 @@ def run_program(key="cap-1", **kwargs):
                           kwargs={"order": "A1"}, principal="test", **kwargs)
 
 
+def lease_ran_out(key="cap-1") -> bool:
+    """The key is held by its first owner (token 1), whose lease has run out."""
+    with observer() as conn:
+        return conn.execute(
+            "SELECT lease_token = 1 AND locked_until < clock_timestamp() FROM idempotency_keys"
+            " WHERE key = %s", [key]).fetchone() == (True,)
+
+
 def test_fencing_a_stale_owner_cannot_commit_over_the_new_owner(gateway, monkeypatch):
     from django.db import connections
 
@@ -204,10 +216,22 @@ def test_fencing_a_stale_owner_cannot_commit_over_the_new_owner(gateway, monkeyp
 
     thread = threading.Thread(target=owner_one)
     thread.start()
-    time.sleep(1.0)  # owner 1's lease has run out
-    results[2] = run_program()  # owner 2 takes over and finishes
-    stall.set()
-    thread.join(10)
+    wait_for(lambda: owners == [1], "owner 1 to run its phase")
+    wait_for(lease_ran_out, "owner 1's lease to run out")
+
+    def owner_two():
+        results[2] = run_program()  # takes over, charges, and waits for owner 1's payment row
+        connections.close_all()
+
+    second = threading.Thread(target=owner_two)
+    second.start()
+    try:
+        wait_for(lambda: 2 in results or lock_waits(app_alias()) > 0,
+                 "owner 2 to wait for the payment row owner 1 updated")
+    finally:
+        stall.set()  # owner 1 goes on: its phase's commit is refused, and owner 2 finishes
+        thread.join(60)
+        second.join(60)
     assert owners == [1, 2]
     assert results[2].outcome is Outcome.EXECUTED and results[2].value.status_code == 201
     assert results[1].outcome is Outcome.IN_PROGRESS  # its late commit was refused

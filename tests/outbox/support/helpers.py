@@ -232,6 +232,16 @@ def queue_length(name: str) -> int:
         return int(client.llen(name))
 
 
+def queued_message_ids(name: str) -> Counter[str]:
+    """How often each outbox message id is in the suite's Redis list ``name``."""
+    from base64 import b64decode
+
+    with redis.Redis.from_url(django_settings.CELERY_BROKER_URL) as client:
+        items = client.lrange(name, 0, -1)
+    return Counter(json.loads(b64decode(json.loads(i)["body"]))[0][0]["message_id"]
+                   for i in items)
+
+
 class Broker:
     """The broker a parametrised test runs on: the suite's Redis or its RabbitMQ.
 
