@@ -38,6 +38,7 @@ urlpatterns = [
     path("fuzz-django-orders/", views.fuzz_django_create),
     path("published-orders/", views.PublishingOrderViewSet.as_view(create)),
     path("answering/", views.AnsweringView.as_view()),
+    path("orders-holding/", views.HoldingOrderViewSet.as_view(create)),
     path("orders-refused/", views.PermissionRefusedOrderViewSet.as_view(create)),
     path("orders-throttled/", views.ThrottledOrderViewSet.as_view(create)),
     path("orders-default-scope/", views.DefaultScopeOrderViewSet.as_view(create)),

@@ -2,6 +2,7 @@
 
 import hashlib
 import time
+from pathlib import Path
 from typing import ClassVar
 
 from django.http import JsonResponse, StreamingHttpResponse
@@ -24,6 +25,15 @@ class PaymentDeclined(APIException):
     status_code = 402
     default_detail = "The card was declined."
     default_code = "card_declined"
+
+
+def hold(path: str) -> None:
+    """Touch ``<path>.held``, then wait (a minute at most) while ``path`` exists: a test holds
+    a request at a point of its choosing and lets it go by deleting the file."""
+    Path(path + ".held").touch()
+    deadline = time.monotonic() + 60
+    while Path(path).exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 class OrderSerializer(serializers.ModelSerializer):
@@ -73,6 +83,31 @@ class OrderCreate(mixins.CreateModelMixin, viewsets.GenericViewSet):
 
 class OrderViewSet(IdempotentViewMixin, OrderCreate):
     idempotency_scope = "order.create"
+
+
+class HoldingOrderSerializer(OrderSerializer):
+    """The order's create, held where the body says (``hold``: a file, see :func:`hold`)."""
+
+    hold = serializers.CharField(write_only=True, required=False)
+    hold_at = serializers.ChoiceField(["start", "written"], write_only=True, required=False)
+
+    class Meta(OrderSerializer.Meta):
+        fields = [*OrderSerializer.Meta.fields, "hold", "hold_at"]
+
+    def create(self, validated_data):
+        held, at = validated_data.pop("hold", ""), validated_data.pop("hold_at", "written")
+        if held and at == "start":  # before the handler's first statement
+            hold(held)
+        order = Order.objects.create(tenant_id=current_tenant_id(), **validated_data)
+        if held and at == "written":  # the order written, not committed
+            hold(held)
+        return order
+
+
+class HoldingOrderViewSet(OrderViewSet):
+    """The ordinary create (scope order.create), which a test can hold mid-request."""
+
+    serializer_class = HoldingOrderSerializer
 
 
 class TenantOrderViewSet(OrderCreate):
