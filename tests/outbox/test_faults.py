@@ -26,6 +26,7 @@ from tests.outbox.support.helpers import (
     FAULT_PROCESS_SETTINGS,
     FAULT_WORKER_APP,
     ORDER_WORKER_APP,
+    Broker,
     Process,
     effects,
     publish_many,
@@ -305,6 +306,38 @@ def test_a_receiver_that_keeps_failing_parks_the_message_and_a_redrive_handles_i
     assert "re-driven: 1 handled, 0 failed again, 0 not found" in out.getvalue()
     assert effects() == {str(ids[0]): 1}
     assert count_rows("outbox_dead_letters") == 0 and count_rows("outbox_received") == 1
+
+
+def test_a_retry_the_broker_refuses_puts_the_message_back_and_it_is_handled_once(
+    tmp_path, queue, settings
+):
+    """docs/outbox.md: a retry Celery cannot send (the broker is down) puts the message back
+    on its queue instead of dropping it. The worker consumes from the suite's Redis and
+    publishes (its retries) to a port nobody listens on."""
+    from tests.outbox.support.fault_worker_app import TASK
+
+    settings.OUTBOX = {**settings.OUTBOX, "CELERY_TASK": TASK}
+    failing = tmp_path / "failing"
+    failing.touch()
+    ids = publish_many(A, "order.placed", [{"sku": "refused", "fail_while": str(failing)}])
+    relay_in_process(1, queue, Broker("redis", django_settings.CELERY_BROKER_URL))
+    worker = Worker(FAULT_WORKER_APP, queue, tmp_path / "worker.log",
+                    env={**SETTINGS, "DIO_CELERY_QUEUE": queue,
+                         "DIO_BROKER_WRITE_URL": "redis://127.0.0.1:1/0"})
+    try:
+        worker.wait_ready()
+        # Its retry refused, the message comes back and is delivered again (attempt 1 again:
+        # no retry was ever sent), neither parked nor lost.
+        wait_for(lambda: worker.output.count(f"failed on message {ids[0]} of tenant {A}"
+                                             " (attempt 1 of") >= 2, "a second delivery")
+        assert count_rows("outbox_dead_letters") == 0 and effects() == {}
+        failing.unlink()  # the cause fixed: the next delivery goes through
+        wait_for(lambda: effects() == {str(ids[0]): 1}, "the message handled")
+        assert worker.stop() == 0
+    finally:
+        worker.kill()
+    assert effects() == {str(ids[0]): 1} and count_rows("outbox_received") == 1
+    assert count_rows("outbox_dead_letters") == 0
 
 
 # --- Redis restarted with its queue on disk --------------------------------------------

@@ -19,6 +19,9 @@ taken by a killed worker comes back within seconds (an hour by default).
 RabbitMQ (with publisher confirms, which the outbox requires; no visibility
 timeout there: a message comes back when its worker's connection closes).
 
+``DIO_BROKER_WRITE_URL`` sends what the worker publishes (a retry) to another broker than
+the one it consumes from: a dead port makes every retry unsendable.
+
 ``DIO_STALL_AFTER_POP``, a file: the worker stops for an hour right after it
 has taken a message from its Redis list and before kombu records it as
 unacknowledged (touching the file first), to be killed in that window.
@@ -59,6 +62,8 @@ if os.environ.get("DIO_STALL_AFTER_POP"):
 
 BROKER_URL = os.environ.get("DIO_BROKER_URL") or settings.CELERY_BROKER_URL
 app = Celery("dio_receiver_tests", broker=BROKER_URL)
+if os.environ.get("DIO_BROKER_WRITE_URL"):
+    app.conf.broker_write_url = os.environ["DIO_BROKER_WRITE_URL"]
 app.conf.update(
     task_default_queue=settings.OUTBOX["CELERY_QUEUE"],
     worker_prefetch_multiplier=4,
