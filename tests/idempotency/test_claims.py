@@ -11,6 +11,7 @@ import datetime as dt
 import json
 
 import pytest
+from django.db.models.functions import Now
 from django.http import JsonResponse
 from django.test import RequestFactory
 
@@ -19,8 +20,9 @@ from idempotency.conf import idempotency_settings
 from idempotency.core import IdempotentRequest, Outcome
 from idempotency.decorators import idempotent
 from idempotency.phases import Finish, Phases, RecoveryPoint
-from tenancy import current_tenant_id
+from tenancy import current_tenant_id, tenant_context
 from tests.helpers import as_tenant, connect, count_rows, observer
+from tests.idempotency.factories import KeyFactory, PendingKeyFactory
 from tests.testapp.auth import USERS
 from tests.testapp.models import Order
 
@@ -178,15 +180,10 @@ def _seconds_left(sql: str) -> float:
         return conn.execute(f"SELECT extract(epoch FROM {sql})::float").fetchone()[0]
 
 
-def _plant_pending(key: str, touched: str) -> None:
+def _plant_pending(key: str, touched: dt.timedelta) -> None:
     """A pending capture nobody holds, created and last touched ``touched`` ago."""
-    with observer() as conn:
-        conn.execute(
-            "INSERT INTO idempotency_keys (tenant_id, scope, key, request_hash, request_method,"
-            " request_path, state, recovery_point, created_at, updated_at, expires_at,"
-            " request_id) VALUES (1, 'payment.capture', %s, %s, 'POST', '/x', 'pending',"
-            " 'payment_created', now() - %s::interval, now() - %s::interval,"
-            " now() + interval '1 day', gen_random_uuid())", [key, "f" * 64, touched, touched])
+    with tenant_context(1):
+        PendingKeyFactory(key=key, created_at=Now() - touched, updated_at=Now() - touched)
 
 
 def test_every_lease_and_horizon_of_the_keys_is_the_database_clocks(settings, wrong_app_clock):
@@ -203,19 +200,16 @@ def test_every_lease_and_horizon_of_the_keys_is_the_database_clocks(settings, wr
     # The key reaper's lease, while it runs.
     settings.IDEMPOTENCY = {**settings.IDEMPOTENCY, "STUCK_AFTER": 3600, "GIVE_UP_AFTER": 3600}
     leases: list[float] = []
-    with observer() as conn:
-        conn.execute(
-            "INSERT INTO idempotency_keys (tenant_id, scope, key, request_hash, request_method,"
-            " request_path, state, status_code, created_at, expires_at) VALUES (1, 's', 'gone',"
-            " 'h', 'POST', '/', 'completed', 201, now() - interval '2 days',"
-            " now() - interval '1 minute')")
+    with tenant_context(1):
+        KeyFactory(created_at=Now() - dt.timedelta(days=2),
+                   expires_at=Now() - dt.timedelta(minutes=1))
     reap_expired_keys(progress=lambda line: leases.append(_seconds_left(
         "(SELECT until FROM idempotency_leases WHERE name = 'reaper') - now()")))
     assert len(leases) == 1 and 50 < leases[0] <= idempotency_settings.REAP_LEASE
 
     # Horizons: STUCK_AFTER and GIVE_UP_AFTER (the reaper), COMPLETE_AFTER (the completer).
-    _plant_pending("a minute old", "1 minute")
-    _plant_pending("two hours old", "2 hours")
+    _plant_pending("a minute old", dt.timedelta(minutes=1))
+    _plant_pending("two hours old", dt.timedelta(hours=2))
     report = reap_expired_keys(dry_run=True)
     assert [k.key for k in report.stuck] == ["two hours old"]
     assert report.gave_up == 1

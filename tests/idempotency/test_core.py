@@ -5,11 +5,13 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db.models.functions import Now
 
 from idempotency import core
-from tenancy import current_tenant_id
+from tenancy import current_tenant_id, tenant_context
 from tenancy.aliases import app_alias
 from tests.helpers import app_atomic, app_connection, as_tenant, connect, count_rows, observer
+from tests.idempotency.factories import PendingKeyFactory
 from tests.testapp.models import Order
 
 
@@ -89,14 +91,9 @@ def test_a_pending_key_answers_in_progress_never_a_replay(outer):
     # the row is pending, with no answer yet. Whether it is read in
     # autocommit (store.peek) or in the caller's transaction, the answer is
     # "in progress" and the handler does not run.
-    with connect() as conn, as_tenant(conn, 1) as cur:
-        cur.execute(
-            "INSERT INTO idempotency_keys (tenant_id, scope, key, request_hash, request_method,"
-            " request_path, state, lease_token, locked_until, expires_at)"
-            " VALUES (1, 'core', 'k', %s, 'POST', '/x', 'pending', 1,"
-            " now() + interval '1 hour', now() + interval '1 hour')",
-            ["f" * 64],
-        )
+    with tenant_context(1):
+        PendingKeyFactory(scope="core", key="k", request_path="/x", lease_token=1,
+                          locked_until=Now() + timedelta(hours=1))
     calls = []
 
     def handler():

@@ -14,8 +14,10 @@ import requests
 
 from idempotency import phases
 from idempotency.core import IdempotentRequest, Outcome
+from tenancy import tenant_context
 from tenancy.aliases import app_alias
 from tests.helpers import app_atomic, count_rows, lock_waits, observer, wait_for
+from tests.idempotency.factories import PendingKeyFactory
 from tests.testapp.payments import CapturePayment
 
 BOUNDARIES = ["after_key_insert", "in_local_phase", "after_local_phase", "after_gateway",
@@ -296,12 +298,8 @@ def test_phases_refuse_to_run_inside_an_atomic_block(gateway):
 
 
 def test_an_unknown_recovery_point_is_a_clear_error(gateway):
-    with observer() as conn:
-        conn.execute(
-            "INSERT INTO idempotency_keys (tenant_id, scope, key, request_hash, request_method,"
-            " request_path, state, recovery_point, expires_at, request_id)"
-            " VALUES (1, 'payment.capture', 'cap-1', %s, 'POST', '/x', 'pending', 'renamed',"
-            " now() + interval '1 day', gen_random_uuid())", ["f" * 64])
+    with tenant_context(1):
+        PendingKeyFactory(key="cap-1", request_path="/x", recovery_point="renamed")
     with pytest.raises(phases.UnknownRecoveryPoint, match="renamed"):
         run_program()
     assert key_row()[0] == "pending"

@@ -5,41 +5,35 @@ from __future__ import annotations
 import io
 import re
 import threading
+from datetime import timedelta
 
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import connections, transaction
+from django.db.models.functions import Now
 
 from idempotency.exceptions import ReaperBusy
+from idempotency.models import IdempotencyKey
 from idempotency.reaper import ReaperRefused, reap_expired_keys
+from tenancy import tenant_context
 from tenancy.aliases import app_alias, system_alias
 from tests.helpers import count_rows, observer, wait_for_lock_wait
+from tests.idempotency.factories import KeyFactory, PendingKeyFactory
 
 
 def make_keys(tenant_id: int, expired: int, live: int, pending_hours_ago: int = 0) -> None:
-    with observer() as conn:
-        conn.execute(
-            """
-            INSERT INTO idempotency_keys (tenant_id, scope, key, request_hash, request_method,
-                   request_path, state, status_code, created_at, expires_at)
-            SELECT %s, 's', 'e' || g, 'h', 'POST', '/', 'completed', 201,
-                   now() - interval '2 days', now() - interval '1 day' - g * interval '1 second'
-              FROM generate_series(1, %s) g
-            UNION ALL
-            SELECT %s, 's', 'l' || g, 'h', 'POST', '/', 'completed', 201,
-                   now(), now() + interval '1 day'
-              FROM generate_series(1, %s) g
-            """,
-            [tenant_id, expired, tenant_id, live],
-        )
+    """``expired`` finished keys past their TTL and ``live`` ones of a tenant; with
+    ``pending_hours_ago``, a pending key 'stuck' created that long ago."""
+    with tenant_context(tenant_id):
+        IdempotencyKey.objects.bulk_create([
+            *KeyFactory.build_batch(expired, tenant_id=tenant_id, scope="s",
+                                    created_at=Now() - timedelta(days=2),
+                                    expires_at=Now() - timedelta(days=1)),
+            *KeyFactory.build_batch(live, tenant_id=tenant_id, scope="s"),
+        ])
         if pending_hours_ago:
-            conn.execute(
-                "INSERT INTO idempotency_keys (tenant_id, scope, key, request_hash, request_method,"
-                " request_path, state, created_at, expires_at) VALUES (%s, 'pay', 'stuck', 'h',"
-                " 'POST', '/pay', 'pending', now() - %s * interval '1 hour',"
-                " now() + interval '1 day')",
-                [tenant_id, pending_hours_ago],
-            )
+            PendingKeyFactory(tenant_id=tenant_id, scope="pay", key="stuck",
+                              created_at=Now() - timedelta(hours=pending_hours_ago))
 
 
 def test_it_deletes_only_expired_rows_of_every_tenant_in_batches():

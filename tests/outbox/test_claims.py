@@ -270,9 +270,13 @@ def test_every_lease_pause_and_retention_of_the_outbox_is_the_database_clocks(
         settings, wrong_app_clock):
     import datetime as dt
 
+    from django.db.models.functions import Now
+
     from outbox.exceptions import RewindRefused
     from outbox.relay import rewind
     from outbox.retention import reap
+    from tenancy import tenant_context
+    from tests.outbox.factories import ReceivedMessageFactory
     from tests.outbox.support.helpers import recorder
     from tests.outbox.support.recorders import FAILING, OrderRecorder
 
@@ -307,10 +311,10 @@ def test_every_lease_pause_and_retention_of_the_outbox_is_the_database_clocks(
                      " WHERE payload->>'sku' = 'a'")
         conn.execute("UPDATE outbox_messages SET created_at = now() - interval '1 minute'"
                      " WHERE payload->>'sku' = 'b'")
-        conn.execute("INSERT INTO outbox_received (tenant_id, receiver, message_id, received_at)"
-                     " VALUES (1, 'r', gen_random_uuid(), now() - interval '2 hours'),"
-                     " (1, 'r', gen_random_uuid(), now() - interval '1 minute')")
         db_now = conn.execute("SELECT now()").fetchone()[0]
+    with tenant_context(A):
+        ReceivedMessageFactory(received_at=Now() - dt.timedelta(hours=2))
+        ReceivedMessageFactory(received_at=Now() - dt.timedelta(minutes=1))
     result = reap()
     assert (result.messages, result.received) == (1, 1)
 

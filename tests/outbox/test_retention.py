@@ -6,17 +6,21 @@ import contextlib
 import re
 import threading
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connections, transaction
+from django.db.models.functions import Now
 
 from outbox.relay import Relay
 from outbox.retention import reap
 from outbox.testing import InMemoryTransport
+from tenancy import tenant_context
 from tenancy.aliases import app_alias, system_alias
 from tests.helpers import count_rows, observer, wait_for_lock_wait
+from tests.outbox.factories import ReceivedMessageFactory
 from tests.outbox.support.helpers import (
     drain,
     effects,
@@ -204,13 +208,12 @@ def test_two_reapers_at_once_delete_each_row_once(only_orders):
 
 def test_old_receiver_records_are_forgotten_in_bounded_batches(settings):
     settings.OUTBOX = {**settings.OUTBOX, "RECEIVED_RETENTION": 3600}
-    with observer() as conn:
-        conn.execute(
-            "INSERT INTO outbox_received (tenant_id, receiver, message_id, received_at)"
-            " SELECT t % 2 + 1, 'r', gen_random_uuid(), now() - interval '2 hours'"
-            " FROM generate_series(1, 7) t"  # 4 of tenant 1, 3 of tenant 2
-            " UNION ALL SELECT 1, 'r', gen_random_uuid(), now()"
-        )
+    two_hours_ago = Now() - timedelta(hours=2)
+    with tenant_context(1):
+        ReceivedMessageFactory.create_batch(4, received_at=two_hours_ago)
+        ReceivedMessageFactory()  # just now: kept
+    with tenant_context(2):
+        ReceivedMessageFactory.create_batch(3, received_at=two_hours_ago)
     with deletes() as batches:
         assert reap(batch_size=2).received == 7
     assert sorted(n for table, n in batches if table == "outbox_received") == [

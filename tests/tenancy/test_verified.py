@@ -30,6 +30,7 @@ from tenancy.conf import ContextKey, tenancy_settings
 from tenancy.context import mint_token
 from tenancy.verified import database_mode
 from tests.helpers import app_connection, connect, observer, raises_rls_violation, server_pid
+from tests.testapp.factories import OrderFactory
 from tests.testapp.models import Order
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,9 +81,9 @@ def _verified_mode(django_db_setup, django_db_blocker):
 @pytest.fixture
 def orders():
     with tenant_context(A):
-        a = Order.objects.create(tenant_id=A, sku="a-1")
+        a = OrderFactory(sku="a-1")
     with tenant_context(B):
-        b = Order.objects.create(tenant_id=B, sku="b-1")
+        b = OrderFactory(sku="b-1")
     return a, b
 
 
