@@ -189,7 +189,10 @@ def test_a_worker_killed_mid_task_gets_the_message_back_and_its_effect_happens_o
         second = Worker(FAULT_WORKER_APP, to_receiver, tmp_path / "worker-2.log", env=env)
         second.wait_ready()
         wait_for(lambda: len(effects()) == 5, "the held message delivered again")
-        assert second.task_ids("succeeded") == {str(ids[0])}
+        # The held message comes back; so may one whose effect committed but whose
+        # acknowledgement the kill beat: the receiver skips it (its effect stays once).
+        delivered_again = second.task_ids("succeeded")
+        assert str(ids[0]) in delivered_again and delivered_again <= {str(i) for i in ids}
         assert second.stop() == 0
     finally:
         first.kill()
