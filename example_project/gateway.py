@@ -5,8 +5,9 @@ request with a key it has seen returns the first result again (a charge or a
 decline) instead of charging twice. It counts what it really did.
 
     POST /charges   {"amount": 1000}  with Idempotency-Key  -> 201 {"id": "ch_1", ...} | 402
-    POST /control   {"decline": bool, "delay": seconds, "fail": n}   (fail: next n calls 503)
-    GET  /stats     {"charges": n, "calls": n, "keys": n}
+    POST /control   {"decline": bool, "delay": seconds, "fail": n, "hold": bool}
+                    (fail: next n calls 503; hold: charges wait until it is false again)
+    GET  /stats     {"charges": n, "calls": n, "keys": n, "held": n}   (held: waiting now)
     GET  /charges   [{"id": "ch_1", "key": "...", "amount": 1000}, ...]   every charge made
     POST /reset
 """
@@ -19,13 +20,15 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-LOCK = threading.Lock()
+LOCK = threading.Condition()
 STATE: dict = {}
 
 
 def reset() -> None:
     STATE.clear()
-    STATE.update(charges=0, calls=0, results={}, made=[], decline=False, delay=0.0, fail=0)
+    STATE.update(charges=0, calls=0, results={}, made=[], decline=False, delay=0.0, fail=0,
+                 hold=False, held=0)
+    LOCK.notify_all()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -62,6 +65,7 @@ class Handler(BaseHTTPRequestHandler):
                     "charges": STATE["charges"],
                     "calls": STATE["calls"],
                     "keys": len(STATE["results"]),
+                    "held": STATE["held"],
                 },
             )
 
@@ -73,7 +77,9 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, {})
         if self.path == "/control":
             with LOCK:
-                STATE.update({k: v for k, v in body.items() if k in ("decline", "delay", "fail")})
+                STATE.update({k: v for k, v in body.items()
+                              if k in ("decline", "delay", "fail", "hold")})
+                LOCK.notify_all()
             return self._send(200, {})
         key = self.headers.get("Idempotency-Key")
         if not key:
@@ -84,6 +90,9 @@ class Handler(BaseHTTPRequestHandler):
             if STATE["fail"]:
                 STATE["fail"] -= 1
                 return self._send(503, {"error": "unavailable"})
+            STATE["held"] += 1
+            LOCK.wait_for(lambda: not STATE["hold"], timeout=60)
+            STATE["held"] -= 1
         time.sleep(delay)
         with LOCK:
             if key not in STATE["results"]:
@@ -99,7 +108,8 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def main() -> None:
-    reset()
+    with LOCK:
+        reset()
     server = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler)
     server.daemon_threads = True
     server.serve_forever()

@@ -807,7 +807,7 @@ CATALOGUE: list[Mutant] = [
         "outbox/store.py",
         "         WHERE tenant_id = %s AND received_at < now() - make_interval(secs => %s)\n",
         "         WHERE tenant_id = %s AND received_at < now() + make_interval(secs => %s)\n",
-        (OUTBOX + "test_retention.py::test_old_receiver_records_are_forgotten",),
+        (OUTBOX + "test_retention.py::test_old_receiver_records_are_forgotten_in_bounded_batches",),
     ),
     # --- the demo as deployed (example_project, scripts/demo) -----------------------------------
     mutant(
@@ -1125,5 +1125,335 @@ CATALOGUE: list[Mutant] = [
         equivalent="the pool's thread ends at shutdown, and CPython frees its Django connection"
                    " with it (psycopg closes the session): the explicit close only makes that"
                    " not depend on reference counting",
+    ),
+    # --- the tests review's rows (the test that kills each is named with it) ---------------------
+    mutant(
+        "flow.lookup-before-input-guards", "idempotency.flow",
+        "bad input (size, depth, text, path) is answered before anything is looked up",
+        "idempotency/flow.py",
+        "            inputs.check_size(request)\n",
+        '            __import__("django.db").db.connections[app_alias()].cursor().execute('
+        '"SELECT count(*) FROM idempotency_keys")\n            inputs.check_size(request)\n',
+        (IDEM + "test_bad_input.py::test_bad_input_is_answered_before_any_statement_is_sent",),
+    ),
+    mutant(
+        "mixins.scope-hook-ignored", "idempotency.mixins",
+        "get_idempotency_scope() names the operation keys are unique in",
+        "idempotency/mixins.py",
+        "            scope=self.get_idempotency_scope,",
+        "            scope=lambda: IdempotentViewMixin.get_idempotency_scope(self),",
+        (IDEM + "test_contract.py::test_the_scope_hook_names_the_operation_keys_are_unique_in",),
+    ),
+    mutant(
+        "mixins.principal-hook-ignored", "idempotency.mixins",
+        "get_idempotency_principal() decides who is asking (part of the fingerprint)",
+        "idempotency/mixins.py",
+        "            str(request.method), path, self.get_idempotency_principal(), request.data",
+        "            str(request.method), path, principal_of(getattr(request, 'user', None)),"
+        " request.data",
+        (IDEM + "test_contract.py::test_the_principal_hook_decides_who_is_asking",),
+    ),
+    mutant(
+        "mixins.fingerprint-hook-ignored", "idempotency.mixins",
+        "get_idempotency_fingerprint() decides what makes the same request",
+        "idempotency/mixins.py",
+        "            fingerprint=self.get_idempotency_fingerprint,",
+        "            fingerprint=lambda: IdempotentViewMixin.get_idempotency_fingerprint(self),",
+        (IDEM + "test_contract.py::test_the_fingerprint_hook_decides_what_makes_the_same_request",),
+    ),
+    mutant(
+        "mixins.default-scope-without-module", "idempotency.mixins",
+        "the default scope is <module>.<ViewClass>.<action>",
+        "idempotency/mixins.py",
+        '        return f"{cls.__module__}.{cls.__qualname__}.{action}"',
+        '        return f"{cls.__qualname__}.{action}"',
+        (IDEM + "test_contract.py::test_the_default_scope_is_module_view_class_and_action",),
+    ),
+    mutant(
+        "phases.foreign-key-from-names", "idempotency.phases",
+        "ctx.foreign_key differs for a key reused after it expired (not only per tenant, scope, key)",
+        "idempotency/phases.py",
+        'digest = hashlib.sha256(f"{self.request_id}\\x1f{name}".encode()).hexdigest()',
+        'digest = hashlib.sha256(f"{self.tenant_id}\\x1f{self.scope}\\x1f{self.key}\\x1f{name}"'
+        '.encode()).hexdigest()',
+        (IDEM + "test_phases.py::test_foreign_keys_differ_per_scope_and_for_a_key_reused_after_it"
+         "_expired",),
+    ),
+    mutant(
+        "store.take-over-without-cas", "idempotency.store",
+        "two completers never both run a key: the take-over is a compare-and-set on its token",
+        "idempotency/store.py",
+        " WHERE {_KEY} AND state = '{PENDING}' AND lease_token = %(token)s\n"
+        "   AND (locked_until IS NULL OR locked_until <= clock_timestamp())\n{_CLAIM_RETURNING}",
+        " WHERE {_KEY} AND state = '{PENDING}' AND lease_token >= 0 AND %(token)s >= 0\n"
+        "{_CLAIM_RETURNING}",
+        (IDEM + "test_completer.py::test_two_completers_that_found_the_same_key_run_it_once",),
+    ),
+    mutant(
+        "store.lease-claim-unconditional", "idempotency.store",
+        "one key reaper at a time: a second, even racing the first for the lease, refuses",
+        "idempotency/store.py",
+        " WHERE name = %(name)s AND (owner = %(owner)s OR until IS NULL OR until < now())",
+        " WHERE name = %(name)s AND (owner = %(owner)s OR until IS NULL OR until < now() OR true)",
+        (IDEM + "test_reaper.py::test_a_reaper_started_while_another_is_mid_run_refuses_naming_it",
+         IDEM + "test_reaper.py::test_two_sessions_claiming_the_lease_at_once_take_turns_and_the"
+         "_second_finds_it_held"),
+    ),
+    mutant(
+        "store.reaper-lease-by-app-clock", "idempotency.store",
+        "leases are set by the database clock, whatever the app's clock says",
+        "idempotency/store.py",
+        "   SET owner = %(owner)s, until = now() + make_interval(secs => %(seconds)s)",
+        "   SET owner = %(owner)s, until = %(app_now)s + make_interval(secs => %(seconds)s)",
+        (I_CLAIMS + "::test_every_lease_and_horizon_of_the_keys_is_the_database_clocks",),
+        more=(Edit("idempotency/store.py",
+                   '        cursor.execute(_CLAIM_LEASE, {"owner": owner, "seconds": seconds,'
+                   ' "name": name})',
+                   '        cursor.execute(_CLAIM_LEASE, {"owner": owner, "seconds": seconds,'
+                   ' "name": name, "app_now": __import__("django.utils.timezone").utils.timezone'
+                   '.now()})'),),
+    ),
+    mutant(
+        "store.stuck-by-app-clock", "idempotency.store",
+        "STUCK_AFTER and GIVE_UP_AFTER are compared with the database clock",
+        "idempotency/store.py",
+        "    return unattended() & Q(created_at__lt=Now() - after)",
+        '    return unattended() & Q(created_at__lt=__import__("django.utils.timezone").utils'
+        '.timezone.now() - after)',
+        (I_CLAIMS + "::test_every_lease_and_horizon_of_the_keys_is_the_database_clocks",),
+    ),
+    mutant(
+        "store.abandoned-by-app-clock", "idempotency.store",
+        "COMPLETE_AFTER is compared with the database clock",
+        "idempotency/store.py",
+        "        .filter(touched__lt=Now() - older_than)",
+        '        .filter(touched__lt=__import__("django.utils.timezone").utils.timezone.now()'
+        ' - older_than)',
+        (I_CLAIMS + "::test_every_lease_and_horizon_of_the_keys_is_the_database_clocks",),
+    ),
+    mutant(
+        "core.store-apart-from-the-writes", "idempotency.core",
+        "the key, the view's writes and the stored answer commit in one transaction: a "
+        "connection lost in the final store and COMMIT leaves nothing",
+        "idempotency/core.py",
+        '        with tracing.span("idempotency.store"):\n            if found.exists:',
+        '        with connection.cursor() as c:\n            c.execute("COMMIT")\n'
+        '            c.execute("BEGIN")\n'
+        "            c.execute(\"SELECT set_config('app.tenant_id', %s, true)\","
+        " [str(request.tenant_id)])\n"
+        '        with tracing.span("idempotency.store"):\n            if found.exists:',
+        (IDEM + "test_lost_connection.py::test_a_connection_lost_in_the_final_store_and_commit"
+         "_leaves_nothing",),
+    ),
+    mutant(
+        "consumer.backoff-not-doubling", "outbox.consumers",
+        "a consumer's retry pause doubles from RETRY_BACKOFF up to RETRY_BACKOFF_MAX",
+        "outbox/consumers.py",
+        "    return backoff(attempts, outbox_settings.RETRY_BACKOFF, outbox_settings.RETRY_BACKOFF_MAX)",
+        "    return backoff(1, outbox_settings.RETRY_BACKOFF, outbox_settings.RETRY_BACKOFF_MAX)",
+        (OUTBOX + "test_consumers.py::test_the_retry_pause_doubles_up_to_its_maximum_while_the"
+         "_partition_waits",),
+    ),
+    mutant(
+        "consumer.offsets-made-by-the-batch", "outbox.consumers",
+        "without its offset rows, run_batch answers locked and handles nothing",
+        "outbox/consumers.py",
+        "    with transaction.atomic(using=worker):\n        offset = store.lock_offset(",
+        "    ensure_offsets(consumer)\n    with transaction.atomic(using=worker):\n"
+        "        offset = store.lock_offset(",
+        (OUTBOX + "test_consumers.py::test_without_its_offset_rows_a_batch_answers_locked_and"
+         "_handles_nothing",),
+    ),
+    mutant(
+        "consumer.partition-unlocked", "outbox.store",
+        "a partition is taken by one consumer at a time; another takes it only once it is free",
+        "outbox/store.py",
+        " WHERE name = %s AND partition = %s\n   FOR UPDATE SKIP LOCKED\n",
+        " WHERE name = %s AND partition = %s\n",
+        (OUTBOX + "test_failover.py::test_a_consumer_killed_mid_batch_is_replaced_by_a_running_one"
+         "_within_seconds",),
+    ),
+    mutant(
+        "consumer.retry-by-app-clock", "outbox.store",
+        "a consumer's retry pause is counted by the database clock",
+        "outbox/store.py",
+        "       attempts = %s, retry_at = now() + make_interval(secs => %s)",
+        "       attempts = %s, retry_at = %s::timestamptz + make_interval(secs => %s)",
+        (O_CLAIMS + "::test_every_lease_pause_and_retention_of_the_outbox_is_the_database_clocks",),
+        more=(Edit("outbox/store.py",
+                   "            position.last, position.json(), attempts, retry_in, name, partition,",
+                   "            position.last, position.json(), attempts,"
+                   ' __import__("django.utils.timezone").utils.timezone.now(), retry_in, name,'
+                   " partition,"),),
+    ),
+    mutant(
+        "relay.lease-by-app-clock", "outbox.store",
+        "the relay's lease is set by the database clock",
+        "outbox/store.py",
+        "   SET lease_owner = %s, lease_until = now() + make_interval(secs => %s)\n"
+        " WHERE name = %s AND partition = 0",
+        "   SET lease_owner = %s, lease_until = %s::timestamptz + make_interval(secs => %s)\n"
+        " WHERE name = %s AND partition = 0",
+        (O_CLAIMS + "::test_every_lease_pause_and_retention_of_the_outbox_is_the_database_clocks",),
+        more=(
+            Edit("outbox/store.py",
+                 "    with connections[using].cursor() as cursor:\n"
+                 "        execute_pinned(cursor, using, _CLAIM_LEASE, [owner, seconds, name, owner])",
+                 "    with connections[using].cursor() as cursor:\n"
+                 "        execute_pinned(cursor, using, _CLAIM_LEASE, [owner,"
+                 ' __import__("django.utils.timezone").utils.timezone.now(), seconds, name,'
+                 " owner])"),
+            Edit("outbox/store.py",
+                 "            if cursor.rowcount:\n"
+                 "                execute_pinned(cursor, using, _CLAIM_LEASE, [owner, seconds, name,"
+                 " owner])",
+                 "            if cursor.rowcount:\n"
+                 "                execute_pinned(cursor, using, _CLAIM_LEASE, [owner,"
+                 ' __import__("django.utils.timezone").utils.timezone.now(), seconds, name,'
+                 " owner])"),
+        ),
+    ),
+    mutant(
+        "retention.by-app-clock", "outbox.store",
+        "RETENTION is counted by the database clock",
+        "outbox/store.py",
+        "           AND created_at < now() - make_interval(secs => %s)",
+        "           AND created_at < %s::timestamptz - make_interval(secs => %s)",
+        (O_CLAIMS + "::test_every_lease_pause_and_retention_of_the_outbox_is_the_database_clocks",),
+        more=(Edit("outbox/store.py",
+                   "        cursor.execute(_DELETE_PASSED, [upto, older_than, limit])",
+                   "        cursor.execute(_DELETE_PASSED, [upto,"
+                   ' __import__("django.utils.timezone").utils.timezone.now(), older_than,'
+                   " limit])"),),
+    ),
+    mutant(
+        "retention.counts-what-it-selected", "outbox.store",
+        "two outbox reapers at once: each row is deleted once, and counted once",
+        "outbox/store.py",
+        "        cursor.execute(_DELETE_PASSED, [upto, older_than, limit])\n"
+        "        return int(cursor.rowcount)",
+        '        cursor.execute("SELECT count(*) FROM (SELECT 1 FROM outbox_messages WHERE id <= %s'
+        " AND created_at < now() - make_interval(secs => %s) LIMIT %s) AS c\","
+        " [upto, older_than, limit])\n"
+        "        found = int(cursor.fetchone()[0])\n"
+        "        cursor.execute(_DELETE_PASSED, [upto, older_than, limit])\n"
+        "        return found",
+        (OUTBOX + "test_retention.py::test_two_reapers_at_once_delete_each_row_once",),
+    ),
+    mutant(
+        "retention.unbounded-batches", "outbox.retention",
+        "retention deletes messages and receiver records in bounded batches",
+        "outbox/retention.py",
+        "            deleted = store.delete_passed_messages(alias, limit, retention, size)",
+        "            deleted = store.delete_passed_messages(alias, limit, retention, size * 1000)",
+        (OUTBOX + "test_retention.py::test_reaping_deletes_in_bounded_batches",
+         OUTBOX + "test_retention.py::test_old_receiver_records_are_forgotten_in_bounded_batches"),
+        more=(Edit("outbox/retention.py",
+                   "            deleted = store.delete_received(alias, tenant_id, keep, size)",
+                   "            deleted = store.delete_received(alias, tenant_id, keep, size * 1000)"),),
+    ),
+    mutant(
+        "relay.rewind-by-app-clock", "outbox.relay",
+        "a rewind is refused past RETENTION and RECEIVED_RETENTION by the database clock",
+        "outbox/relay.py",
+        "    now = store.database_now(alias)",
+        '    now = __import__("django.utils.timezone").utils.timezone.now()',
+        (O_CLAIMS + "::test_every_lease_pause_and_retention_of_the_outbox_is_the_database_clocks",),
+    ),
+    mutant(
+        "transports.pipeline-errors-ignored", "outbox.transports",
+        "a failure part-way through a batch (one LPUSH of several) raises: the batch goes again",
+        "outbox/transports.py",
+        "                    pipe.execute()",
+        "                    pipe.execute(raise_on_error=False)",
+        (OUTBOX + "test_redis_wire.py::test_a_failure_part_way_through_a_batch_raises_and_the"
+         "_whole_batch_is_sent_again",),
+    ),
+    mutant(
+        "receivers.retry-refused-dropped", "outbox.celery",
+        "a retry Celery cannot send puts the message back on its queue instead of dropping it",
+        "outbox/celery.py",
+        "        raise Reject(rejected.reason, requeue=True) from exc",
+        "        raise Reject(rejected.reason, requeue=False) from exc",
+        (OUTBOX + "test_faults.py::test_a_retry_the_broker_refuses_puts_the_message_back_and_it_is"
+         "_handled_once",
+         OUTBOX + "test_receivers.py::test_a_retry_the_broker_cannot_take_puts_the_message_back"
+         "_on_its_queue"),
+    ),
+    mutant(
+        "conf.receiver-attempts-default", "outbox.conf",
+        "RECEIVER_MAX_ATTEMPTS defaults to 10 (with 1 s doubling to 5 min)",
+        "outbox/conf.py",
+        "    RECEIVER_MAX_ATTEMPTS = Setting(10, integer(minimum=1))",
+        "    RECEIVER_MAX_ATTEMPTS = Setting(12, integer(minimum=1))",
+        (OUTBOX + "test_receivers.py::test_the_documented_defaults_retry_nine_times_doubling_from_a"
+         "_second_then_park",),
+    ),
+    mutant(
+        "commands.redrive-failure-exits-zero", "outbox.management",
+        "outbox_parked --redrive exits non-zero when a message fails again",
+        "outbox/management/commands/outbox_parked.py",
+        "                if result.failed:\n",
+        "                if False:\n",
+        (OUTBOX + "test_consumers.py::test_the_redrive_command_exits_non_zero_when_a_message_fails"
+         "_again",),
+    ),
+    mutant(
+        "docs.partition-change-not-lowest", "docs",
+        "the documented partition-change SQL starts every new partition at the lowest position",
+        "docs/consumers.md",
+        "  SELECT min(least(o.last_id, (SELECT min(h.upto::bigint)",
+        "  SELECT max(least(o.last_id, (SELECT min(h.upto::bigint)",
+        (OUTBOX + "test_consumers.py::test_the_documented_partition_change_starts_every_new"
+         "_partition_at_the_lowest_position",),
+    ),
+    mutant(
+        "privileges.project-tables-exact", "tenancy.privileges",
+        "GRANT_PROJECT_TABLES only adds grants: nothing on your own tables is revoked",
+        "tenancy/privileges.py",
+        "    for rows, exact in ((library_tables(app_labels), True), (project_tables(app_labels), False)):",
+        "    for rows, exact in ((library_tables(app_labels), True), (project_tables(app_labels), True)):",
+        (TENANCY + "test_privileges.py::test_project_table_grants_only_add_and_keep_grants_made_by"
+         "_hand",),
+    ),
+    mutant(
+        "checks.worker-alias-unchecked", "tenancy.checks",
+        "the checks E011 to E013 apply to the worker alias as to the app alias",
+        "tenancy/checks.py",
+        "            if alias in (tenancy_settings.APP_DATABASE, tenancy_settings.WORKER_DATABASE):",
+        "            if alias == tenancy_settings.APP_DATABASE:",
+        (T_CLAIMS,),
+    ),
+    mutant(
+        "checks.W019-missing", "tenancy.checks",
+        "check warns when WORKER_DATABASE is not in DATABASES (tenancy.W019)",
+        "tenancy/checks.py",
+        "    if worker_alias not in settings.DATABASES:",
+        "    if False:",
+        (T_CLAIMS,),
+    ),
+    mutant(
+        "checks.E020-worker-missing", "tenancy.checks",
+        "check refuses an app role that is also the worker role (tenancy.E020)",
+        "tenancy/checks.py",
+        '    for kind in ("worker", "system"):',
+        '    for kind in ("system",):',
+        (T_CLAIMS,),
+    ),
+    mutant(
+        "checks.E021-missing", "tenancy.checks",
+        "check refuses a tenant-isolated model routed away from a consumer's batch (tenancy.E021)",
+        "tenancy/checks.py",
+        "    errors.extend(_check_worker_routing(own))",
+        "    pass",
+        (T_CLAIMS,),
+    ),
+    mutant(
+        "checks.E026-missing", "tenancy.checks",
+        "check refuses an app alias that can read a key of the verified context (tenancy.E026)",
+        "tenancy/checks.py",
+        "        if verified.readable_keys(alias):",
+        "        if False:",
+        (TENANCY + "test_verified.py::test_an_app_alias_that_can_read_a_key_is_refused_with_e026",),
     ),
 ]

@@ -18,6 +18,23 @@ from tests.dbsetup import recreate_database
 from tests.helpers import truncate_all
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--order", choices=("file", "reverse", "shuffle"), default="file",
+        help="run the collected tests in file order (the default), reversed, or shuffled"
+             " (seeded by --order-seed): a test that passes only after or before another shows",
+    )
+    parser.addoption("--order-seed", type=int, default=0,
+                     help="the seed of --order=shuffle (printed in the header)")
+
+
+def pytest_report_header(config):
+    order = config.getoption("order")
+    if order == "shuffle":
+        return f"test order: shuffled, --order-seed={config.getoption('order_seed')}"
+    return None if order == "file" else f"test order: {order}"
+
+
 def pytest_configure(config):
     """Processes the tests start write their output as it comes.
 
@@ -30,12 +47,21 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip a ``direct_sessions`` test when DIO_POOLED puts an alias it names behind pgbouncer.
+    """Reorder as ``--order`` says; skip a ``direct_sessions`` test when DIO_POOLED puts an
+    alias it names behind pgbouncer.
 
     ``@pytest.mark.direct_sessions("system", reason=...)`` needs direct sessions
     on the aliases named; without names, on every alias.
     """
     from django.conf import settings
+
+    order = config.getoption("order")
+    if order == "reverse":
+        items.reverse()
+    elif order == "shuffle":
+        import random
+
+        random.Random(config.getoption("order_seed")).shuffle(items)
 
     if settings.TENANCY.get("VERIFIED_CONTEXT"):
         for item in items:
@@ -75,3 +101,25 @@ def _database(django_db_setup, django_db_blocker):
             if conn.alias != "owner" and conn.connection is not None and conn.in_atomic_block:
                 raise AssertionError(f"test left a transaction open on {conn.alias!r}")
         truncate_all()
+
+
+@pytest.fixture(params=[5, -5], ids=["app-clock-5h-ahead", "app-clock-5h-behind"])
+def wrong_app_clock(request, monkeypatch):
+    """The application's clock 5 hours off the database's, ahead or behind.
+
+    ``django.utils.timezone.now`` and ``time.time`` are moved; the database's
+    ``now()`` is not. Whatever the library computes from the app's clock then
+    lands five hours off (``datetime.now()`` cannot be moved: the library uses
+    neither it nor ``utcnow``, which tests/test_docs.py would not notice, so a
+    grep in the test that uses this fixture says so).
+    """
+    import datetime as dt
+    import time
+
+    from django.utils import timezone
+
+    offset = dt.timedelta(hours=request.param)
+    real_now, real_time = timezone.now, time.time
+    monkeypatch.setattr(timezone, "now", lambda: real_now() + offset)
+    monkeypatch.setattr(time, "time", lambda: real_time() + offset.total_seconds())
+    return offset

@@ -3,12 +3,45 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
 from django.conf import settings
 from django.db import connections
+
+#: Generous: waits end as soon as their condition holds. They exist because a
+#: transaction open elsewhere on the server (another test database) may hold
+#: the outbox's delivery fence back for a moment; nothing here measures time.
+PATIENCE = 60.0
+
+
+def wait_for(predicate: Callable[[], bool], what: str, patience: float = PATIENCE) -> None:
+    """Until ``predicate()`` holds (polled every 50 ms); fails naming ``what`` after ``patience``
+    seconds."""
+    deadline = time.monotonic() + patience
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.05)
+
+
+def lock_waits(alias: str) -> int:
+    """How many sessions of ``alias``'s role wait for a lock now (``pg_stat_activity``)."""
+    role = settings.DATABASES[alias]["USER"]
+    with observer() as conn:
+        return int(conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE usename = %s"
+            " AND datname = current_database() AND wait_event_type = 'Lock'", [role],
+        ).fetchone()[0])
+
+
+def wait_for_lock_wait(alias: str) -> None:
+    """Until a session of ``alias``'s role waits for a lock."""
+    wait_for(lambda: lock_waits(alias) > 0,
+             f"a session of {settings.DATABASES[alias]['USER']} to wait for a lock")
+
 
 #: Apps whose tables are emptied after every test.
 TRUNCATED_APPS = {"idempotency", "outbox", "testapp"}
@@ -69,6 +102,20 @@ def statements(alias: str | None = None) -> Iterator[list[str]]:
         return execute(sql, params, many, context)
 
     with connections[app_alias(alias)].execute_wrapper(capture):
+        yield sent
+
+
+@contextlib.contextmanager
+def statements_on_every_alias() -> Iterator[list[tuple[str, str]]]:
+    """``(alias, sql)`` of every statement Django sends on any alias inside the block."""
+    sent: list[tuple[str, str]] = []
+    with contextlib.ExitStack() as stack:
+        for alias in settings.DATABASES:
+            def capture(execute, sql, params, many, context, alias=alias):
+                sent.append((alias, sql))
+                return execute(sql, params, many, context)
+
+            stack.enter_context(connections[alias].execute_wrapper(capture))
         yield sent
 
 
@@ -159,6 +206,15 @@ def server_pid(conn: psycopg.Connection) -> int:
     session, so this is the PID that pg_locks and pg_stat_activity show.
     """
     return conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+
+
+def documented_sql(page: str, heading: str) -> str:
+    """The first ```sql block under ``heading`` (a line of docs/``page``), as the page shows it."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / page).read_text()
+    after = text[text.index(f"\n{heading}\n"):]
+    return after.split("```sql\n", 1)[1].split("```", 1)[0]
 
 
 def count_rows(table: str, where: str = "TRUE") -> int:

@@ -172,17 +172,17 @@ LOGGING = {
 }
 
 # The outbox's test consumers; the Celery transport sends to the test worker's
-# task (tests/outbox/celery_app.py) on a per-run queue.
+# task (tests/outbox/support/order_worker_app.py) on a per-run queue.
 OUTBOX: dict[str, Any] = {
     "CONSUMERS": [
-        "tests.outbox.consumers.OrderRecorder",
-        "tests.outbox.consumers.PartitionedRecorder",
-        "tests.outbox.consumers.SlowRecorder",
+        "tests.outbox.support.recorders.OrderRecorder",
+        "tests.outbox.support.recorders.PartitionedRecorder",
+        "tests.outbox.support.recorders.SlowRecorder",
     ],
     "RETRY_BACKOFF": 0,
     "BROKER_BACKOFF": 0.01,
     "DATABASE_BACKOFF": 0.2,
-    "CELERY_APP": "tests.outbox.celery_app.app",
+    "CELERY_APP": "tests.outbox.support.order_worker_app.app",
     "CELERY_TASK": "tests.outbox.receive_order",
     "CELERY_QUEUE": os.environ.get("DIO_CELERY_QUEUE", "dio-outbox-tests"),
 }

@@ -40,7 +40,7 @@ from tenancy import current_tenant_id, tenant_context
 from tenancy.aliases import app_alias, worker_alias
 from tenancy.conf import tenancy_settings
 from tests.helpers import app_atomic, count_rows, observer, set_tenant
-from tests.outbox.consumers import OrderRecorder
+from tests.outbox.support.recorders import OrderRecorder
 from tests.pooler import Pooler, pool_of_one
 from tests.session_state import (
     django_state,

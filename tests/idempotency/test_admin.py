@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.contrib.auth.models import User
+from django.db.models.functions import Now
 from django.test import Client
 
+from tenancy import tenant_context
 from tests.helpers import observer
+from tests.idempotency.factories import KeyFactory, PendingKeyFactory
 
 URL = "/admin/idempotency/idempotencykeyrecord/"
 
@@ -22,22 +27,16 @@ def staff():
 
 @pytest.fixture
 def keys():
-    with observer() as conn:
-        conn.execute(
-            """
-            INSERT INTO idempotency_keys (tenant_id, scope, key, request_hash, request_method,
-                   request_path, state, status_code, created_at, expires_at, locked_until)
-            VALUES (1, 'order.create', 'done-a', 'h', 'POST', '/o', 'completed', 201,
-                    now(), now() + interval '1 day', NULL),
-                   (2, 'order.create', 'done-b', 'h', 'POST', '/o', 'completed', 201,
-                    now() - interval '2 days', now() - interval '1 day', NULL),
-                   (1, 'payment.capture', 'stuck-a', 'h', 'POST', '/p', 'pending', NULL,
-                    now() - interval '3 hours', now() + interval '1 day', NULL),
-                   (2, 'payment.capture', 'running-b', 'h', 'POST', '/p', 'pending', NULL,
-                    now() - interval '3 hours', now() + interval '1 day',
-                    now() + interval '1 minute')
-            """
-        )
+    with tenant_context(1):
+        KeyFactory(key="done-a", request_path="/o")
+        PendingKeyFactory(key="stuck-a", request_path="/p",
+                          created_at=Now() - timedelta(hours=3))
+    with tenant_context(2):
+        KeyFactory(key="done-b", request_path="/o", created_at=Now() - timedelta(days=2),
+                   expires_at=Now() - timedelta(days=1))
+        PendingKeyFactory(key="running-b", request_path="/p",
+                          created_at=Now() - timedelta(hours=3),
+                          locked_until=Now() + timedelta(minutes=1))
 
 
 def listed(client, query=""):

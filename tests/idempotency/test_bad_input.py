@@ -14,7 +14,7 @@ import json
 import pytest
 from django.test import override_settings
 
-from tests.helpers import count_rows
+from tests.helpers import count_rows, statements_on_every_alias
 from tests.testapp.payments import CapturePayment
 
 
@@ -285,3 +285,39 @@ def test_bodies_drf_cannot_parse_are_answered_before_the_key(client, body, conte
     assert nothing_written()
     corrected = post_raw(client, "/orders/", '{"sku": "tea"}')  # the same key, corrected
     assert corrected.status_code == 201
+
+
+# --- "before anything is looked up": not one statement is sent --------------------------
+
+TOO_DEEP = '{"sku": "tea", "extra": ' + nested(900) + "}"
+FORM = "application/x-www-form-urlencoded"
+
+
+@pytest.mark.parametrize("path", ["/orders/", "/django-orders/", "/payments/o1/capture/"])
+@pytest.mark.parametrize("body, content_type, key, user, status, code", [
+    ('{"sku": "tea"}', "application/json", None, "alice", 400, "idempotency_key_missing"),
+    ('{"sku": "tea"}', "application/json", "", "alice", 400, "idempotency_key_invalid"),
+    ('{"sku": "tea"}', "application/json", "k1", "nobody", 403, "tenant_unknown"),
+    (json.dumps({"sku": "x" * (3 * 1024 * 1024)}), "application/json", "k1", "alice", 413,
+     "body_too_large"),
+    ("&".join(f"f{i}=x" for i in range(1001)), FORM, "k1", "alice", 413, "too_many_fields"),
+    (TOO_DEEP, "application/json", "k1", "alice", 400, "body_too_deep"),
+    ('{"sku": "\\ud800", "amount": 5}', "application/json", "k1", "alice", 400,
+     "body_invalid_text"),
+    ('{"sku": "te\\u0000a", "amount": 5}', "application/json", "k1", "alice", 400,
+     "body_invalid_text"),
+], ids=["no-key", "empty-key", "no-tenant", "too-large", "too-many-fields", "too-deep",
+        "lone-surrogate", "nul"])
+def test_bad_input_is_answered_before_any_statement_is_sent(client, path, body, content_type,
+                                                            key, user, status, code):
+    with statements_on_every_alias() as sent:
+        problem(post_raw(client, path, body, key=key, content_type=content_type, user=user),
+                status, code)
+    assert sent == []
+
+
+def test_a_nul_in_the_path_is_answered_before_any_statement_is_sent(client):
+    with statements_on_every_alias() as sent:
+        problem(post_raw(client, "/payments/a%00b/capture/", '{"amount": 5}'), 400,
+                "path_invalid")
+    assert sent == []

@@ -11,6 +11,7 @@ import datetime as dt
 import json
 
 import pytest
+from django.db.models.functions import Now
 from django.http import JsonResponse
 from django.test import RequestFactory
 
@@ -19,8 +20,9 @@ from idempotency.conf import idempotency_settings
 from idempotency.core import IdempotentRequest, Outcome
 from idempotency.decorators import idempotent
 from idempotency.phases import Finish, Phases, RecoveryPoint
-from tenancy import current_tenant_id
+from tenancy import current_tenant_id, tenant_context
 from tests.helpers import as_tenant, connect, count_rows, observer
+from tests.idempotency.factories import KeyFactory, PendingKeyFactory
 from tests.testapp.auth import USERS
 from tests.testapp.models import Order
 
@@ -166,6 +168,53 @@ def test_expires_at_is_set_by_the_database_clock_even_when_the_app_clock_is_wron
     assert dt.timedelta(minutes=59) < expires - db_now <= dt.timedelta(hours=1)
     replayed = client.order(key="k1")  # and the key is live by the database clock
     assert replayed["Idempotent-Replayed"] == "true"
+
+
+# --- docs/scaling.md: "TTLs, leases, COMPLETE_AFTER, STUCK_AFTER and retention are all
+# compared with now() in SQL, so the hosts' clocks may disagree" (the outbox's half:
+# tests/outbox/test_claims.py) ---------------------------------------------------------
+
+
+def _seconds_left(sql: str) -> float:
+    with observer() as conn:
+        return conn.execute(f"SELECT extract(epoch FROM {sql})::float").fetchone()[0]
+
+
+def _plant_pending(key: str, touched: dt.timedelta) -> None:
+    """A pending capture nobody holds, created and last touched ``touched`` ago."""
+    with tenant_context(1):
+        PendingKeyFactory(key=key, created_at=Now() - touched, updated_at=Now() - touched)
+
+
+def test_every_lease_and_horizon_of_the_keys_is_the_database_clocks(settings, wrong_app_clock):
+    from idempotency.reaper import reap_expired_keys
+    from tenancy.aliases import system_alias
+
+    # A phases-mode claim's lease.
+    _pending(lease=dt.timedelta(seconds=30))
+    lease = _seconds_left("(SELECT locked_until FROM idempotency_keys) - clock_timestamp()")
+    assert 25 < lease <= 30
+    with observer() as conn:
+        conn.execute("DELETE FROM idempotency_keys")
+
+    # The key reaper's lease, while it runs.
+    settings.IDEMPOTENCY = {**settings.IDEMPOTENCY, "STUCK_AFTER": 3600, "GIVE_UP_AFTER": 3600}
+    leases: list[float] = []
+    with tenant_context(1):
+        KeyFactory(created_at=Now() - dt.timedelta(days=2),
+                   expires_at=Now() - dt.timedelta(minutes=1))
+    reap_expired_keys(progress=lambda line: leases.append(_seconds_left(
+        "(SELECT until FROM idempotency_leases WHERE name = 'reaper') - now()")))
+    assert len(leases) == 1 and 50 < leases[0] <= idempotency_settings.REAP_LEASE
+
+    # Horizons: STUCK_AFTER and GIVE_UP_AFTER (the reaper), COMPLETE_AFTER (the completer).
+    _plant_pending("a minute old", dt.timedelta(minutes=1))
+    _plant_pending("two hours old", dt.timedelta(hours=2))
+    report = reap_expired_keys(dry_run=True)
+    assert [k.key for k in report.stuck] == ["two hours old"]
+    assert report.gave_up == 1
+    found = store.abandoned_keys(system_alias(), ["payment.capture"], dt.timedelta(hours=1), 10)
+    assert [k.key for k in found] == ["two hours old"]
 
 
 # --- docs/phases.md: a fencing token stops a stale owner; a lease is taken over only when out ---

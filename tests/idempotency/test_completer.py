@@ -11,7 +11,7 @@ from django.db import connections
 
 from idempotency.completer import complete_abandoned_keys
 from idempotency.reaper import reap_expired_keys
-from tests.helpers import count_rows, observer
+from tests.helpers import count_rows, observer, wait_for
 from tests.idempotency.test_phases import assert_exactly_once, capture, key_row
 
 
@@ -48,21 +48,77 @@ def test_a_key_whose_lease_is_live_is_not_touched(abandoned, gateway):
     assert complete_abandoned_keys(older_than=0).found == 0
 
 
-def test_two_completers_at_once_do_not_both_run_it(abandoned, gateway):
-    gateway.control(delay=1.0)  # the first completer is still charging when the second looks
+def test_a_completer_started_while_another_charges_leaves_the_key_to_it(abandoned, gateway):
+    gateway.control(hold=True)  # the first completer's charge waits at the gateway
     reports = []
 
-    def run():
-        reports.append(complete_abandoned_keys(older_than=0))
-        connections.close_all()
+    def first():
+        try:
+            reports.append(complete_abandoned_keys(older_than=0))
+        finally:
+            connections.close_all()
 
-    threads = [threading.Thread(target=run) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(20)
-    assert sum(r.completed for r in reports) == 1
-    assert gateway.stats()["calls"] == 2  # the abandoned attempt, then one completer
+    thread = threading.Thread(target=first)
+    thread.start()
+    try:
+        wait_for(lambda: gateway.stats()["held"] == 1, "the first completer to be charging")
+        assert key_row()[4]  # it holds the key's lease
+        second = complete_abandoned_keys(older_than=0)  # while the first one holds the key
+        assert second.completed == 0 and second.failed == 0
+        assert second.found == 0  # its lease is live: not abandoned, left to the first
+    finally:
+        gateway.control(hold=False)
+        thread.join(60)
+    assert [r.completed for r in reports] == [1]
+    assert gateway.stats()["calls"] == 2  # the abandoned attempt, then the first completer
+    assert_exactly_once(gateway)
+
+
+def test_two_completers_that_found_the_same_key_run_it_once(abandoned, gateway, monkeypatch):
+    """Both looked the key up and saw it free; the second takes it over while the first
+    waits just before its own take-over: that is a compare-and-set on the key's fencing
+    token, so the first, coming late, skips the key instead of running it again."""
+    from idempotency import store
+
+    found, go_on = threading.Event(), threading.Event()
+    take_over = store.take_over
+
+    def first_waits(*args, **kwargs):
+        if threading.current_thread().name == "first":
+            found.set()
+            go_on.wait(60)  # it saw the key free; the other completer runs meanwhile
+        return take_over(*args, **kwargs)
+
+    monkeypatch.setattr(store, "take_over", first_waits)
+    reports = {}
+
+    def run(name):
+        try:
+            reports[name] = complete_abandoned_keys(older_than=0)
+        finally:
+            connections.close_all()
+
+    first = threading.Thread(target=run, args=("first",), name="first")
+    second = threading.Thread(target=run, args=("second",), name="second")
+    first.start()
+    try:
+        assert found.wait(60)
+        gateway.control(hold=True)
+        second.start()
+        wait_for(lambda: gateway.stats()["held"] == 1, "the second completer to be charging")
+        go_on.set()  # the first goes on, while the second holds the key
+        first.join(60)
+        assert not first.is_alive()
+    finally:
+        go_on.set()
+        gateway.control(hold=False)
+        first.join(60)
+        if second.is_alive() or second.ident:
+            second.join(60)
+    assert (reports["first"].found, reports["first"].completed, reports["first"].skipped) == (
+        1, 0, 1)
+    assert (reports["second"].found, reports["second"].completed) == (1, 1)
+    assert gateway.stats()["calls"] == 2  # the abandoned attempt, then the second completer
     assert_exactly_once(gateway)
 
 

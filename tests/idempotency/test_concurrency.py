@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
-from tests.helpers import count_rows, observer
+from tests.helpers import count_rows, wait_for
 
 N = 20
 
@@ -75,51 +75,44 @@ def test_twenty_simultaneous_requests_with_twenty_keys_all_succeed(wsgi_server):
     assert count_rows("idempotency_keys") == N
 
 
-def test_a_worker_killed_mid_request_leaves_nothing_and_the_retry_runs_once():
+def test_a_worker_killed_mid_request_leaves_nothing_and_the_retry_runs_once(tmp_path):
     from tests.live import LiveServer
 
     server = LiveServer(workers=1, threads=4).start()
+    gate = tmp_path / "hold"
+    gate.touch()
     try:
         (worker,) = server.worker_pids()
-        url = server.url + "/orders/"
+        url = server.url + "/orders-holding/"
         headers = {"X-User": "alice", "Idempotency-Key": "killed"}
 
-        def slow_request():
+        def held_request():
             try:
-                requests.post(url, json={"sku": "tea", "sleep": 3}, headers=headers, timeout=10)
+                requests.post(url, json={"sku": "tea", "hold": str(gate)}, headers=headers,
+                              timeout=60)
             except requests.RequestException:
                 pass  # the worker dies under it
 
-        thread = threading.Thread(target=slow_request)
+        thread = threading.Thread(target=held_request)
         thread.start()
-        with observer() as conn:  # wait until the handler has written, uncommitted
-            for _ in range(200):
-                (busy,) = conn.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                    " AND state = 'idle in transaction' AND backend_xid IS NOT NULL"
-                ).fetchone()
-                if busy:
-                    break
-                time.sleep(0.05)
-            assert busy, "the handler never started"
+        wait_for((tmp_path / "hold.held").exists, "the handler to have written its order")
         os.kill(worker, signal.SIGKILL)
-        thread.join(15)
+        thread.join(60)
         assert count_rows("testapp_order") == 0
         assert count_rows("idempotency_keys") == 0
         # gunicorn replaces the worker; the retry runs the handler once.
         deadline = time.monotonic() + 20
         while True:
             try:
-                retry = requests.post(
-                    url, json={"sku": "tea", "sleep": 3}, headers=headers, timeout=10
-                )
+                retry = requests.post(url, json={"sku": "tea"}, headers=headers, timeout=10)
                 break
             except requests.ConnectionError:
                 assert time.monotonic() < deadline
                 time.sleep(0.2)
         assert retry.status_code == 201 and "Idempotent-Replayed" not in retry.headers
-        again = requests.post(url, json={"sku": "tea", "sleep": 3}, headers=headers, timeout=10)
+        again = requests.post(url, json={"sku": "tea"}, headers=headers, timeout=10)
         assert again.headers["Idempotent-Replayed"] == "true"
         assert count_rows("testapp_order") == 1
     finally:
+        gate.unlink(missing_ok=True)
         server.stop()

@@ -28,11 +28,18 @@ def problem(response) -> dict:
 # --- safe methods and the header ------------------------------------------------
 
 
-def test_safe_methods_need_no_key(client):
-    response = client.get("/orders/", headers={"X-User": "alice"})
-    assert response.status_code == 405  # the viewset has no list: DRF answers, not the mixin
-    assert "Idempotent-Replayed" not in response
-    assert stored_keys() == []
+@pytest.mark.parametrize("key", [None, "k1"], ids=["without-a-key", "with-a-key"])
+def test_safe_methods_need_no_key_run_as_the_tenant_and_store_nothing(client, key):
+    assert client.order(key="first").status_code == 201  # alice's order, tenant 1
+    assert client.order(key="first", user="bob").status_code == 201  # bob's, tenant 2
+    headers = {"X-User": "alice", **({"Idempotency-Key": key} if key else {})}
+    listed = client.get("/order-book/", headers=headers)
+    assert listed.status_code == 200, listed.content
+    assert [order["sku"] for order in listed.json()] == ["tea"]  # tenant 1's only
+    assert "Idempotent-Replayed" not in listed
+    assert client.head("/order-book/", headers=headers).status_code == 200
+    assert client.options("/order-book/", headers=headers).status_code == 200
+    assert [row[2] for row in stored_keys()] == ["first", "first"]  # the two POSTs' only
 
 
 def test_a_missing_key_is_400_problem_json(client):
@@ -127,6 +134,58 @@ def test_keys_are_scoped_per_tenant(client):
     assert "Idempotent-Replayed" not in response
     assert orders() == 2
     assert [row[0] for row in stored_keys()] == [1, 2]
+
+
+def test_keys_are_scoped_per_operation(client):
+    assert client.order(key="k1").status_code == 201  # scope order.create
+    other = client.order(key="k1", path="/orders-short/", data={"sku": "coffee"})
+    assert other.status_code == 201 and "Idempotent-Replayed" not in other  # another scope
+    assert orders() == 2
+    assert [(row[1], row[2]) for row in stored_keys()] == [
+        ("order.create", "k1"), ("order.create-short", "k1")]
+    assert client.order(key="k1")["Idempotent-Replayed"] == "true"
+
+
+def test_the_default_scope_is_module_view_class_and_action(client):
+    assert client.order(key="k1", path="/orders-default-scope/").status_code == 201
+    assert [row[1] for row in stored_keys()] == [
+        "tests.testapp.views.DefaultScopeOrderViewSet.create"]
+
+
+# --- the scope, principal and fingerprint hooks (docs/mixin.md's examples) --------------
+
+
+def hooked(client, key="k1", user="alice", version="1", client_id="c1",
+           path="/orders-hooked-identity/", **data):
+    return client.post(path, {"sku": "tea", "quantity": 1, **data},
+                       format="json", headers={
+                           "X-User": user, "Idempotency-Key": key, "X-Api-Version": version,
+                           "X-Client": client_id})
+
+
+def test_the_scope_hook_names_the_operation_keys_are_unique_in(client):
+    assert hooked(client, version="1").status_code == 201
+    assert hooked(client, version="2").status_code == 201  # another scope: another request
+    assert hooked(client, version="1")["Idempotent-Replayed"] == "true"
+    assert [row[1] for row in stored_keys()] == ["order.create.v1", "order.create.v2"]
+    assert orders() == 2
+
+
+def test_the_principal_hook_decides_who_is_asking(client):
+    assert hooked(client, user="alice", client_id="c1").status_code == 201
+    # Another user of the tenant through the same API client: the same principal.
+    assert hooked(client, user="amy", client_id="c1")["Idempotent-Replayed"] == "true"
+    # Another client with the key: another principal, a different request.
+    assert hooked(client, user="alice", client_id="c2").status_code == 422
+    assert orders() == 1
+
+
+def test_the_fingerprint_hook_decides_what_makes_the_same_request(client):
+    path = "/orders-hooked-fingerprint/"
+    assert hooked(client, path=path, sent_at="10:00:00").status_code == 201
+    assert hooked(client, path=path, sent_at="10:00:05")["Idempotent-Replayed"] == "true"
+    assert hooked(client, path=path, sent_at="10:00:09", quantity=2).status_code == 422
+    assert orders() == 1
 
 
 def test_a_user_without_tenant_is_refused(client):
@@ -299,19 +358,80 @@ def test_a_validation_error_is_a_final_4xx(client):
     )
 
 
+@pytest.fixture
+def answering():
+    """The view at /answering/: writes an order, publishes order.placed, then answers
+    the body's ``answer``; returns the keys the handler ran for."""
+    from tests.testapp.views import AnsweringView
+
+    AnsweringView.calls.clear()
+    yield AnsweringView.calls
+    AnsweringView.calls.clear()
+
+
+def answer(client, answer, key="k1"):
+    return client.order(key=key, path="/answering/", data={"sku": "tea", "answer": answer})
+
+
 @pytest.mark.parametrize("status", [401, 403, 404, 408, 409, 425, 429])
-def test_the_unstored_statuses_are_not_stored(client, settings, status):
-    # 403 comes from the handler here; the others are configured the same way.
-    settings.IDEMPOTENCY = {"UNSTORED_STATUS_CODES": (status, 403)}
-    response = client.order(key="k1", data={"sku": "tea", "quantity": 1, "then": "forbid"})
-    assert response.status_code == 403
-    assert orders() == 0 and stored_keys() == []
+def test_the_unstored_statuses_are_not_stored(client, settings, answering, status):
+    settings.IDEMPOTENCY = {}  # the default UNSTORED_STATUS_CODES
+    assert answer(client, status).status_code == status
+    assert stored_keys() == [] and orders() == 0  # the handler's writes rolled back
+    assert count_rows("outbox_messages") == 0
+    retried = answer(client, status)
+    assert retried.status_code == status and "Idempotent-Replayed" not in retried
+    assert answering == ["k1", "k1"]  # the retry ran the handler again
 
 
 def test_unauthenticated_requests_are_401_before_the_key_is_looked_at(client):
     response = client.order(key="k1", user=None)
     assert response.status_code == 401
     assert stored_keys() == []
+
+
+@pytest.mark.parametrize("path, status", [("/orders-refused/", 403), ("/orders-throttled/", 429)],
+                         ids=["permission", "throttle"])
+def test_drfs_refusals_come_before_the_key_and_leave_it_unused(client, settings, path, status):
+    # Nothing unstored: a refusal that came after the key would be stored as failed.
+    settings.IDEMPOTENCY = {"UNSTORED_STATUS_CODES": ()}
+    refused = client.order(key="k1", path=path)
+    assert refused.status_code == status, refused.content
+    assert stored_keys() == [] and orders() == 0  # the view did not run; no key row
+    fresh = client.order(key="k1")  # the same scope (order.create) and key, allowed
+    assert fresh.status_code == 201 and "Idempotent-Replayed" not in fresh
+
+
+# --- the view's outbox events commit with the key ---------------------------------------
+
+
+def messages() -> int:
+    return count_rows("outbox_messages", "topic = 'order.placed'")
+
+
+def test_the_views_event_commits_with_its_answer_and_a_replay_publishes_nothing(
+        client, answering):
+    assert answer(client, 201).status_code == 201
+    assert messages() == 1 and orders() == 1
+    assert answer(client, 201)["Idempotent-Replayed"] == "true"
+    assert messages() == 1 and answering == ["k1"]
+
+
+def test_a_final_4xx_keeps_no_event_nor_does_its_replay(client, answering):
+    assert answer(client, "decline").status_code == 402
+    assert stored_keys() == [(1, "order.answer", "k1", "failed", 402)]
+    assert messages() == 0 and orders() == 0  # its writes, the event included, rolled back
+    assert answer(client, "decline")["Idempotent-Replayed"] == "true"
+    assert messages() == 0 and answering == ["k1"]
+
+
+@pytest.mark.parametrize("outcome", ["raise", 500, 503])
+def test_a_5xx_keeps_no_event_and_the_retry_publishes_once(client, answering, outcome):
+    client.raise_request_exception = False
+    assert answer(client, outcome).status_code == (500 if outcome == "raise" else outcome)
+    assert messages() == 0 and orders() == 0 and stored_keys() == []
+    assert answer(client, 201).status_code == 201  # the retry runs: one order, one event
+    assert messages() == 1 and orders() == 1
 
 
 # --- expiry -------------------------------------------------------------------------

@@ -5,11 +5,13 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db.models.functions import Now
 
 from idempotency import core
-from tenancy import current_tenant_id
+from tenancy import current_tenant_id, tenant_context
 from tenancy.aliases import app_alias
 from tests.helpers import app_atomic, app_connection, as_tenant, connect, count_rows, observer
+from tests.idempotency.factories import PendingKeyFactory
 from tests.testapp.models import Order
 
 
@@ -89,14 +91,9 @@ def test_a_pending_key_answers_in_progress_never_a_replay(outer):
     # the row is pending, with no answer yet. Whether it is read in
     # autocommit (store.peek) or in the caller's transaction, the answer is
     # "in progress" and the handler does not run.
-    with connect() as conn, as_tenant(conn, 1) as cur:
-        cur.execute(
-            "INSERT INTO idempotency_keys (tenant_id, scope, key, request_hash, request_method,"
-            " request_path, state, lease_token, locked_until, expires_at)"
-            " VALUES (1, 'core', 'k', %s, 'POST', '/x', 'pending', 1,"
-            " now() + interval '1 hour', now() + interval '1 hour')",
-            ["f" * 64],
-        )
+    with tenant_context(1):
+        PendingKeyFactory(scope="core", key="k", request_path="/x", lease_token=1,
+                          locked_until=Now() + timedelta(hours=1))
     calls = []
 
     def handler():
@@ -112,17 +109,19 @@ def test_a_pending_key_answers_in_progress_never_a_replay(outer):
     assert calls == []
 
 
-def test_in_progress_without_wait_and_replay_after_wait():
+def test_in_progress_without_wait_and_replay_after_wait(monkeypatch):
     import threading
     import time
 
-    release = threading.Event()
+    from django.db import connections
+    from django.test import override_settings
+
+    entered, release = threading.Event(), threading.Event()
 
     def slow():
-        release.wait(5)
+        entered.set()
+        release.wait(60)
         return stored(body=b"first")
-
-    from django.db import connections
 
     def first():
         try:
@@ -132,15 +131,25 @@ def test_in_progress_without_wait_and_replay_after_wait():
 
     t = threading.Thread(target=first)
     t.start()
-    time.sleep(0.3)
-    assert core.execute(request(), slow, lambda r: r, wait=0).outcome is core.Outcome.IN_PROGRESS
-    threading.Timer(0.3, release.set).start()
-    from django.test import override_settings
+    try:
+        assert entered.wait(60)  # the first request runs its handler, holding the key
+        assert core.execute(request(), slow, lambda r: r, wait=0).outcome is (
+            core.Outcome.IN_PROGRESS)
+        real_sleep, pauses = time.sleep, []
 
-    with override_settings(IDEMPOTENCY={"IN_PROGRESS_WAIT": 5}):  # the setting, not the argument
-        waited = core.execute(request(), slow, lambda r: r)
-    t.join(5)
-    assert waited.outcome is core.Outcome.REPLAYED and waited.stored.body == b"first"
+        def finish_the_first_once_waiting(seconds):
+            pauses.append(seconds)
+            release.set()  # the duplicate saw the key in progress and waits: the first ends
+            real_sleep(seconds)
+
+        monkeypatch.setattr(core.time, "sleep", finish_the_first_once_waiting)
+        with override_settings(IDEMPOTENCY={"IN_PROGRESS_WAIT": 5}):  # the setting
+            waited = core.execute(request(), slow, lambda r: r)
+    finally:
+        release.set()
+        t.join(60)
+    assert pauses  # the duplicate waited...
+    assert waited.outcome is core.Outcome.REPLAYED and waited.stored.body == b"first"  # ...for it
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from datetime import timedelta
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db.models.functions import Now
 
 from idempotency import phases
 from idempotency.completer import complete_abandoned_keys
@@ -21,6 +22,7 @@ from idempotency.phases import Finish, Phases, RecoveryPoint, Retry
 from idempotency.reaper import reap_expired_keys
 from tenancy import tenant_context
 from tests.helpers import count_rows, observer
+from tests.idempotency.factories import PendingKeyFactory
 from tests.testapp.models import Order
 
 A = 1  # alice's tenant (tests/testapp/auth.py)
@@ -140,13 +142,10 @@ class FailingStart(Phases):
 def test_a_take_over_that_fails_in_the_first_phase_keeps_the_key():
     # A run that was killed in "started" (its lease ran out): it may have called
     # the gateway, so the retry that fails there too must not forget the key.
-    with observer() as conn:
-        conn.execute(
-            "INSERT INTO idempotency_keys (tenant_id, scope, key, request_hash, request_method,"
-            " request_path, state, recovery_point, expires_at, request_id, lease_token,"
-            " locked_until) VALUES (%s, %s, 'k', %s, 'POST', '/x', 'pending', 'started',"
-            " now() + interval '1 day', gen_random_uuid(), 1, now() - interval '1 second')",
-            [A, FailingStart.scope, "f" * 64])
+    with tenant_context(A):
+        PendingKeyFactory(scope=FailingStart.scope, key="k", request_path="/x",
+                          recovery_point="started", lease_token=1,
+                          locked_until=Now() - timedelta(seconds=1))
     with pytest.raises(ValueError):
         run(FailingStart)
     assert key_row()[:3] == ("pending", None, "started")
@@ -213,15 +212,12 @@ def test_the_abandoned_answer_is_replayed_over_http(client, settings, crash):
 
 
 def pending_key(key, scope, hours_untouched, leased=False):
-    with observer() as conn:
-        conn.execute(
-            "INSERT INTO idempotency_keys (tenant_id, scope, key, request_hash, request_method,"
-            " request_path, state, recovery_point, created_at, updated_at, expires_at,"
-            " request_id, lease_token, locked_until) VALUES (%s, %s, %s, 'h', 'POST', '/x',"
-            " 'pending', 'charging', now() - %s * interval '1 hour',"
-            " now() - %s * interval '1 hour', now() - interval '1 hour', gen_random_uuid(), 1,"
-            " CASE WHEN %s THEN now() + interval '1 minute' END)",
-            [A, scope, key, hours_untouched, hours_untouched, leased])
+    untouched = Now() - timedelta(hours=hours_untouched)
+    with tenant_context(A):
+        PendingKeyFactory(scope=scope, key=key, request_path="/x", recovery_point="charging",
+                          created_at=untouched, updated_at=untouched, lease_token=1,
+                          expires_at=Now() - timedelta(hours=1),
+                          locked_until=Now() + timedelta(minutes=1) if leased else None)
 
 
 def test_the_reaper_gives_up_on_pending_keys_nothing_touched_for_the_horizon():

@@ -14,7 +14,10 @@ import requests
 
 from idempotency import phases
 from idempotency.core import IdempotentRequest, Outcome
-from tests.helpers import app_atomic, count_rows, observer
+from tenancy import tenant_context
+from tenancy.aliases import app_alias
+from tests.helpers import app_atomic, count_rows, lock_waits, observer, wait_for
+from tests.idempotency.factories import PendingKeyFactory
 from tests.testapp.payments import CapturePayment
 
 BOUNDARIES = ["after_key_insert", "in_local_phase", "after_local_phase", "after_gateway",
@@ -112,7 +115,7 @@ def test_a_duplicate_during_a_running_phase_gets_409_with_retry_after(gateway):
     from django.db import connections
     from rest_framework.test import APIClient
 
-    gateway.control(delay=1.0)
+    gateway.control(hold=True)  # the first request's charge waits at the gateway
     answers = {}
 
     def first():
@@ -121,9 +124,12 @@ def test_a_duplicate_during_a_running_phase_gets_409_with_retry_after(gateway):
 
     thread = threading.Thread(target=first)
     thread.start()
-    time.sleep(0.4)  # the charge phase is running
-    duplicate = capture(APIClient())
-    thread.join(10)
+    try:
+        wait_for(lambda: gateway.stats()["held"] == 1, "the charge phase to be running")
+        duplicate = capture(APIClient())
+    finally:
+        gateway.control(hold=False)
+        thread.join(60)
     assert duplicate.status_code == 409
     assert duplicate["Retry-After"] == "1"
     assert duplicate.json()["code"] == "idempotency_key_in_progress"
@@ -180,6 +186,14 @@ def run_program(key="cap-1", **kwargs):
                           kwargs={"order": "A1"}, principal="test", **kwargs)
 
 
+def lease_ran_out(key="cap-1") -> bool:
+    """The key is held by its first owner (token 1), whose lease has run out."""
+    with observer() as conn:
+        return conn.execute(
+            "SELECT lease_token = 1 AND locked_until < clock_timestamp() FROM idempotency_keys"
+            " WHERE key = %s", [key]).fetchone() == (True,)
+
+
 def test_fencing_a_stale_owner_cannot_commit_over_the_new_owner(gateway, monkeypatch):
     from django.db import connections
 
@@ -204,14 +218,26 @@ def test_fencing_a_stale_owner_cannot_commit_over_the_new_owner(gateway, monkeyp
 
     thread = threading.Thread(target=owner_one)
     thread.start()
-    time.sleep(1.0)  # owner 1's lease has run out
-    results[2] = run_program()  # owner 2 takes over and finishes
-    stall.set()
-    thread.join(10)
+    wait_for(lambda: owners == [1], "owner 1 to run its phase")
+    wait_for(lease_ran_out, "owner 1's lease to run out")
+
+    def owner_two():
+        results[2] = run_program()  # takes over, charges, and waits for owner 1's payment row
+        connections.close_all()
+
+    second = threading.Thread(target=owner_two)
+    second.start()
+    try:
+        wait_for(lambda: 2 in results or lock_waits(app_alias()) > 0,
+                 "owner 2 to wait for the payment row owner 1 updated")
+    finally:
+        stall.set()  # owner 1 goes on: its phase's commit is refused, and owner 2 finishes
+        thread.join(60)
+        second.join(60)
     assert owners == [1, 2]
     assert results[2].outcome is Outcome.EXECUTED and results[2].value.status_code == 201
     assert results[1].outcome is Outcome.IN_PROGRESS  # its late commit was refused
-    assert gateway.stats() == {"charges": 1, "calls": 2, "keys": 1}  # one derived key
+    assert gateway.stats() == {"charges": 1, "calls": 2, "keys": 1, "held": 0}  # one derived key
     with observer() as conn:
         state, token, response = conn.execute(
             "SELECT state, lease_token, response FROM idempotency_keys").fetchone()
@@ -231,18 +257,49 @@ def test_foreign_keys_are_stable_across_retries_and_unique_per_request(client, g
     assert stats["calls"] == 4 and stats["keys"] == 3 and stats["charges"] == 3
 
 
+@pytest.fixture
+def another_scope():
+    """The capture program under another scope (registered for the test only)."""
+
+    class CaptureElsewhere(CapturePayment):
+        scope = "payment.capture-elsewhere"
+        completable = False
+
+    yield CaptureElsewhere
+    phases._registry.pop(CaptureElsewhere.scope, None)
+
+
+def charge_keys(gateway) -> list[str]:
+    """The foreign keys of the charges the gateway made, in order."""
+    return [charge["key"] for charge in requests.get(gateway.url + "/charges", timeout=5).json()]
+
+
+def test_foreign_keys_differ_per_scope_and_for_a_key_reused_after_it_expired(gateway,
+                                                                           another_scope):
+    assert run_program(key="k").value.status_code == 201
+    request = IdempotentRequest(tenant_id=1, scope=another_scope.scope, key="k",
+                                fingerprint="f" * 64, method="POST", path="/x")
+    elsewhere = phases.execute(another_scope, request, data={"amount": 1000},
+                               kwargs={"order": "A1"}, principal="test")
+    assert elsewhere.value.status_code == 201  # the same tenant and key, another scope
+    with observer() as conn:  # the first key's TTL runs out; its key may be used again
+        conn.execute("UPDATE idempotency_keys SET expires_at = now() - interval '1 second'"
+                     " WHERE scope = %s", [CapturePayment.scope])
+    reused = run_program(key="k")
+    assert reused.outcome is Outcome.EXECUTED and reused.value.status_code == 201
+    keys = charge_keys(gateway)
+    assert len(keys) == 3 and len(set(keys)) == 3  # three requests, three foreign keys
+    assert gateway.stats()["charges"] == 3
+
+
 def test_phases_refuse_to_run_inside_an_atomic_block(gateway):
     with pytest.raises(RuntimeError, match="non_atomic_requests"), app_atomic():
         run_program()
 
 
 def test_an_unknown_recovery_point_is_a_clear_error(gateway):
-    with observer() as conn:
-        conn.execute(
-            "INSERT INTO idempotency_keys (tenant_id, scope, key, request_hash, request_method,"
-            " request_path, state, recovery_point, expires_at, request_id)"
-            " VALUES (1, 'payment.capture', 'cap-1', %s, 'POST', '/x', 'pending', 'renamed',"
-            " now() + interval '1 day', gen_random_uuid())", ["f" * 64])
+    with tenant_context(1):
+        PendingKeyFactory(key="cap-1", request_path="/x", recovery_point="renamed")
     with pytest.raises(phases.UnknownRecoveryPoint, match="renamed"):
         run_program()
     assert key_row()[0] == "pending"
@@ -304,7 +361,7 @@ def test_a_transient_failure_after_a_foreign_call_in_the_first_phase_charges_onc
     second = phases.execute(ChargeFirst, request)
     assert second.value.status_code == 201
     assert calls == ["ch_1", "ch_1"]
-    assert gateway.stats() == {"charges": 1, "calls": 2, "keys": 1}
+    assert gateway.stats() == {"charges": 1, "calls": 2, "keys": 1, "held": 0}
 
 
 def test_a_drf_error_raised_after_writes_rolls_the_phase_back(client, gateway):

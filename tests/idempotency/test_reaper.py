@@ -3,42 +3,37 @@
 from __future__ import annotations
 
 import io
+import re
 import threading
+from datetime import timedelta
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connections
+from django.db import connections, transaction
+from django.db.models.functions import Now
 
 from idempotency.exceptions import ReaperBusy
+from idempotency.models import IdempotencyKey
 from idempotency.reaper import ReaperRefused, reap_expired_keys
+from tenancy import tenant_context
 from tenancy.aliases import app_alias, system_alias
-from tests.helpers import count_rows, observer
+from tests.helpers import count_rows, observer, wait_for_lock_wait
+from tests.idempotency.factories import KeyFactory, PendingKeyFactory
 
 
 def make_keys(tenant_id: int, expired: int, live: int, pending_hours_ago: int = 0) -> None:
-    with observer() as conn:
-        conn.execute(
-            """
-            INSERT INTO idempotency_keys (tenant_id, scope, key, request_hash, request_method,
-                   request_path, state, status_code, created_at, expires_at)
-            SELECT %s, 's', 'e' || g, 'h', 'POST', '/', 'completed', 201,
-                   now() - interval '2 days', now() - interval '1 day' - g * interval '1 second'
-              FROM generate_series(1, %s) g
-            UNION ALL
-            SELECT %s, 's', 'l' || g, 'h', 'POST', '/', 'completed', 201,
-                   now(), now() + interval '1 day'
-              FROM generate_series(1, %s) g
-            """,
-            [tenant_id, expired, tenant_id, live],
-        )
+    """``expired`` finished keys past their TTL and ``live`` ones of a tenant; with
+    ``pending_hours_ago``, a pending key 'stuck' created that long ago."""
+    with tenant_context(tenant_id):
+        IdempotencyKey.objects.bulk_create([
+            *KeyFactory.build_batch(expired, tenant_id=tenant_id, scope="s",
+                                    created_at=Now() - timedelta(days=2),
+                                    expires_at=Now() - timedelta(days=1)),
+            *KeyFactory.build_batch(live, tenant_id=tenant_id, scope="s"),
+        ])
         if pending_hours_ago:
-            conn.execute(
-                "INSERT INTO idempotency_keys (tenant_id, scope, key, request_hash, request_method,"
-                " request_path, state, created_at, expires_at) VALUES (%s, 'pay', 'stuck', 'h',"
-                " 'POST', '/pay', 'pending', now() - %s * interval '1 hour',"
-                " now() + interval '1 day')",
-                [tenant_id, pending_hours_ago],
-            )
+            PendingKeyFactory(tenant_id=tenant_id, scope="pay", key="stuck",
+                              created_at=Now() - timedelta(hours=pending_hours_ago))
 
 
 def test_it_deletes_only_expired_rows_of_every_tenant_in_batches():
@@ -114,33 +109,85 @@ def test_reapers_run_one_after_another_on_a_pooled_system_alias():
     assert reap_expired_keys().deleted == 7
 
 
-def test_two_concurrent_reapers_neither_double_count_nor_deadlock():
+def test_a_reaper_started_while_another_is_mid_run_refuses_naming_it():
     make_keys(1, expired=3000, live=10)
     make_keys(2, expired=3000, live=10)
-    reports = []
-    errors = []
-    busy: list[bool] = []
+    first_batch, release = threading.Event(), threading.Event()
+    outcome: dict[str, object] = {}
 
-    def run():
+    def gate(line: str) -> None:  # the first reaper stops after its first batch
+        if not first_batch.is_set():
+            first_batch.set()
+            release.wait(60)
+
+    def first() -> None:
         try:
-            reports.append(reap_expired_keys(batch_size=50))
-        except ReaperBusy:
-            busy.append(True)  # the other one held the lease: refused, nothing done
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append(exc)
+            outcome["report"] = reap_expired_keys(batch_size=50, progress=gate)
+        except Exception as exc:  # reported below
+            outcome["error"] = exc
         finally:
             connections.close_all()
 
-    threads = [threading.Thread(target=run) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads), "a reaper hung"
-    assert errors == []
-    assert len(reports) + len(busy) == 2 and reports
-    assert sum(r.deleted for r in reports) == 6000
+    thread = threading.Thread(target=first)
+    thread.start()
+    try:
+        assert first_batch.wait(60), "the first reaper never finished a batch"
+        with observer() as conn:
+            owner = conn.execute(
+                "SELECT owner FROM idempotency_leases WHERE name = 'reaper'").fetchone()[0]
+        assert owner  # held by the first reaper, mid-run
+        with pytest.raises(ReaperBusy, match=f"another reaper \\({re.escape(owner)}\\)"):
+            reap_expired_keys(batch_size=50)
+        assert count_rows("idempotency_keys") == 6020 - 50  # the second deleted nothing
+    finally:
+        release.set()
+        thread.join(60)
+    assert not thread.is_alive() and "error" not in outcome, outcome
+    assert outcome["report"].deleted == 6000
     assert count_rows("idempotency_keys") == 20
+
+
+def test_two_sessions_claiming_the_lease_at_once_take_turns_and_the_second_finds_it_held():
+    """The claim is one statement on the lease row: the second waits for the first's row
+    lock, then sees the lease held (and takes nothing)."""
+    from idempotency.store import REAPER_LEASE, claim_lease
+
+    claimed = threading.Event()
+    commit = threading.Event()
+    second: dict[str, object] = {}
+    alias = system_alias()
+
+    def first_claim() -> None:
+        try:
+            with transaction.atomic(using=alias):
+                assert claim_lease(alias, REAPER_LEASE, "first", 60) is None
+                claimed.set()
+                commit.wait(60)  # the claim is made, not committed yet
+        finally:
+            connections.close_all()
+
+    def second_claim() -> None:
+        try:
+            second["holder"] = claim_lease(alias, REAPER_LEASE, "second", 60)
+        finally:
+            connections.close_all()
+
+    one = threading.Thread(target=first_claim)
+    one.start()
+    assert claimed.wait(60)
+    two = threading.Thread(target=second_claim)
+    two.start()
+    try:
+        wait_for_lock_wait(alias)  # the second claim waits for the first's row lock
+        assert "holder" not in second
+    finally:
+        commit.set()
+        one.join(60)
+        two.join(60)
+    assert second["holder"].owner == "first"
+    with observer() as conn:
+        assert conn.execute(
+            "SELECT owner FROM idempotency_leases WHERE name = 'reaper'").fetchone()[0] == "first"
 
 
 def test_it_reports_keys_stuck_unfinished():

@@ -3,8 +3,8 @@ import uuid
 import pytest
 from django.conf import settings as django_settings
 
-from tests.outbox import consumers
-from tests.outbox.helpers import Broker, amqp_url
+from tests.outbox.support import recorders
+from tests.outbox.support.helpers import Broker, amqp_url
 
 #: The brokers a test that takes the ``broker`` fixture runs on.
 BROKERS = ["redis", "rabbitmq"]
@@ -15,9 +15,9 @@ NO_RABBITMQ = ("RabbitMQ is not running: DIO_AMQP_URL is unset (make test starts
 
 @pytest.fixture(autouse=True)
 def _fresh_failures():
-    consumers.FAILING.clear()
+    recorders.FAILING.clear()
     yield
-    consumers.FAILING.clear()
+    recorders.FAILING.clear()
 
 
 @pytest.fixture(params=BROKERS)

@@ -12,8 +12,8 @@ from django.test import Client
 
 from outbox.consumers import ensure_offsets
 from tests.helpers import count_rows, observer
-from tests.outbox.consumers import OrderRecorder
-from tests.outbox.helpers import publish_as
+from tests.outbox.support.helpers import publish_as
+from tests.outbox.support.recorders import OrderRecorder
 
 PARKED = "/admin/outbox/parkedmessagerecord/"
 POSITIONS = "/admin/outbox/readerpositionrecord/"

@@ -101,6 +101,15 @@ def test_a_receiver_task_with_celerys_defaults_can_lose_messages():
     assert "reject_on_worker_lost" in problems["outbox.W102"]
 
 
+def test_the_test_workers_tasks_join_no_other_app():
+    """The suite's own Celery apps keep their tasks: importing them adds nothing to an app
+    built later (the receiver checks above count an app's tasks, whatever ran before)."""
+    import tests.outbox.support.fault_worker_app
+    import tests.outbox.support.order_worker_app  # noqa: F401
+
+    assert [t.name for t in receiver_tasks(app_with())] == ["checks.receive"]
+
+
 def test_a_receiver_task_on_receivertask_keeps_the_promise():
     assert ids(app_with(base=ReceiverTask)) == []
 
@@ -155,8 +164,8 @@ def test_an_app_that_cannot_load_is_a_warning_not_a_crash(settings):
 def test_called_outside_a_worker_a_receiver_raises_and_parks_nothing(tmp_path):
     from outbox.testing import relay_pending
     from tests.helpers import count_rows
-    from tests.outbox.helpers import effects, publish_many
-    from tests.outbox.receiver_app import receive
+    from tests.outbox.support.fault_worker_app import receive
+    from tests.outbox.support.helpers import effects, publish_many
 
     failing = tmp_path / "failing"
     failing.touch()

@@ -12,6 +12,7 @@ import threading
 import uuid
 
 import psycopg
+import pytest
 from django.conf import settings as django_settings
 from django.core.management import call_command
 from django.db import connections
@@ -23,7 +24,7 @@ from outbox.testing import InMemoryTransport
 from tenancy import current_tenant_id, tenant_alias
 from tenancy.aliases import system_alias, worker_alias
 from tests.helpers import count_rows, observer
-from tests.outbox.helpers import (
+from tests.outbox.support.helpers import (
     SUBPROCESS_SETTINGS,
     Process,
     drain,
@@ -254,3 +255,70 @@ def test_the_reap_task_reports_what_it_deleted(settings):
     assert tasks.reap() == {"messages": 3, "received": 1}
     assert count_rows("outbox_messages") == 0 and count_rows("outbox_received") == 0
     assert tasks.reap() == {"messages": 0, "received": 0}
+
+
+# --- docs/scaling.md: leases, retry pauses and retention by the database clock (the keys'
+# half: tests/idempotency/test_claims.py) -------------------------------------------------
+
+
+def _seconds(sql: str, *params: object) -> float:
+    with observer() as conn:
+        return conn.execute(f"SELECT extract(epoch FROM {sql})::float", params).fetchone()[0]
+
+
+def test_every_lease_pause_and_retention_of_the_outbox_is_the_database_clocks(
+        settings, wrong_app_clock):
+    import datetime as dt
+
+    from django.db.models.functions import Now
+
+    from outbox.exceptions import RewindRefused
+    from outbox.relay import rewind
+    from outbox.retention import reap
+    from tenancy import tenant_context
+    from tests.outbox.factories import ReceivedMessageFactory
+    from tests.outbox.support.helpers import recorder
+    from tests.outbox.support.recorders import FAILING, OrderRecorder
+
+    settings.OUTBOX = {**settings.OUTBOX, "CONSUMERS": [recorder("OrderRecorder")],
+                       "RELAY": False, "RELAY_LEASE": 30, "RETRY_BACKOFF": 100,
+                       "RETENTION": 3600, "RECEIVED_RETENTION": 3600}
+    # The relay's lease.
+    publish_many(A, "order.placed", [{"sku": "a"}])
+    relay = Relay(InMemoryTransport(), name="clock")
+    wait_for(lambda: relay.drain() >= 0 and relay.sent == 1, "relayed")
+    assert 20 < _seconds("(SELECT lease_until FROM consumer_offsets WHERE name = %s) - now()",
+                         "relay:clock") <= 30
+    relay.release()
+    with observer() as conn:  # no longer a reader: retention below waits for the consumer only
+        conn.execute("DELETE FROM consumer_offsets WHERE name = 'relay:clock'")
+
+    # A consumer's retry pause.
+    FAILING.add("b")
+    publish_many(A, "order.placed", [{"sku": "b"}])
+    drain(OrderRecorder(), until=lambda: count_rows("consumer_offsets",
+                                                    "name = 'orders' AND attempts = 1") == 1)
+    assert 90 < _seconds("(SELECT retry_at FROM consumer_offsets WHERE name = 'orders')"
+                         " - now()") <= 100
+    FAILING.discard("b")
+    with observer() as conn:
+        conn.execute("UPDATE consumer_offsets SET retry_at = now() WHERE name = 'orders'")
+    drain(OrderRecorder(), until=lambda: len(effects()) == 2)
+
+    # Retention: a message a minute old stays, one two hours old goes; receiver records too.
+    with observer() as conn:
+        conn.execute("UPDATE outbox_messages SET created_at = now() - interval '2 hours'"
+                     " WHERE payload->>'sku' = 'a'")
+        conn.execute("UPDATE outbox_messages SET created_at = now() - interval '1 minute'"
+                     " WHERE payload->>'sku' = 'b'")
+        db_now = conn.execute("SELECT now()").fetchone()[0]
+    with tenant_context(A):
+        ReceivedMessageFactory(received_at=Now() - dt.timedelta(hours=2))
+        ReceivedMessageFactory(received_at=Now() - dt.timedelta(minutes=1))
+    result = reap()
+    assert (result.messages, result.received) == (1, 1)
+
+    # Rewinding: refused past RETENTION and RECEIVED_RETENTION by the database's now().
+    assert rewind(db_now - dt.timedelta(minutes=30), dry_run=True) is not None
+    with pytest.raises(RewindRefused, match="older than what the outbox keeps"):
+        rewind(db_now - dt.timedelta(hours=2), dry_run=True)

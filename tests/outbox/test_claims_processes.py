@@ -16,16 +16,17 @@ from pathlib import Path
 from django.test import Client
 
 from tests.helpers import count_rows, observer
-from tests.outbox.helpers import (
+from tests.outbox.support.helpers import (
     SUBPROCESS_SETTINGS,
     Process,
     effects,
+    faulty_transport,
     message_position,
     offset,
     publish_many,
     wait_for,
 )
-from tests.outbox.rig import RedisServer, Worker
+from tests.outbox.support.rig import RedisServer, Worker
 
 A = 1
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,7 +83,7 @@ def test_sigterm_while_the_relay_sends_a_batch_lets_it_finish_and_advance(tmp_pa
            "DIO_SEND_MARKER": str(marker), "DIO_SEND_DELAY": "1.5"}
     ids = publish_many(A, "order.placed", [{"sku": f"s{i}"} for i in range(3)])
     proc = Process.manage("relay_outbox", "--transport",
-                          "tests.outbox.claims_transports.MarkedSlowSend",
+                          faulty_transport("SlowSend"),
                           log=tmp_path / "relay.log", env=env)
     try:
         wait_for(marker.exists, "the relay's batch to be in flight")
@@ -124,7 +125,7 @@ def test_the_documented_schedule_names_five_tasks():
 
 
 def test_every_task_of_the_documented_beat_schedule_runs_in_a_real_worker(tmp_path, settings):
-    from tests.outbox.celery_app import app
+    from tests.outbox.support.order_worker_app import app
 
     queue = f"dio-claims-beat-{uuid.uuid4().hex[:8]}"
     settings.OUTBOX = {**settings.OUTBOX, "CELERY_QUEUE": queue}
@@ -136,7 +137,7 @@ def test_every_task_of_the_documented_beat_schedule_runs_in_a_real_worker(tmp_pa
     assert answer.status_code == 201
     with observer() as conn:
         conn.execute("UPDATE idempotency_keys SET expires_at = now() - interval '1 second'")
-    worker = Worker("tests.outbox.beat_app", queue, tmp_path / "worker.log",
+    worker = Worker("tests.outbox.support.beat_worker_app", queue, tmp_path / "worker.log",
                     env={**SUBPROCESS_SETTINGS, "DIO_CELERY_QUEUE": queue}).wait_ready()
     try:
         for name in documented_beat_tasks():

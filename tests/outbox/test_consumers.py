@@ -10,9 +10,11 @@ from outbox.consumers import ConsumerConfigError, ensure_offsets, run_batch, sel
 from outbox.deadletters import list_parked, redrive
 from outbox.models import DeadLetter
 from tenancy import tenant_context
-from tests.helpers import connect, count_rows, observer
-from tests.outbox.consumers import FAILING, OrderRecorder, PartitionedRecorder
-from tests.outbox.helpers import (
+from tests.helpers import connect, count_rows, documented_sql, observer
+from tests.outbox.support.helpers import (
+    PATIENCE,
+    SUBPROCESS_SETTINGS,
+    Process,
     drain,
     effects,
     message_position,
@@ -22,6 +24,7 @@ from tests.outbox.helpers import (
     raw_publish,
     wait_for,
 )
+from tests.outbox.support.recorders import FAILING, OrderRecorder, PartitionedRecorder
 
 A, B = 1, 2
 
@@ -77,6 +80,26 @@ def test_a_failing_head_message_waits_for_its_backoff(settings):
     assert effects() == {}
 
 
+def test_the_retry_pause_doubles_up_to_its_maximum_while_the_partition_waits(settings):
+    settings.OUTBOX = {**settings.OUTBOX, "RETRY_BACKOFF": 100, "RETRY_BACKOFF_MAX": 350,
+                       "MAX_ATTEMPTS": 10}
+    FAILING.add("a")
+    placed("a", "b")
+    consumer = OrderRecorder()
+    ensure_offsets(consumer)
+    pauses = []
+    for attempt in range(1, 5):
+        wait_for(lambda: run_batch(consumer).failed, f"failure {attempt}")
+        with observer() as conn:
+            pauses.append(conn.execute(
+                "SELECT attempts, extract(epoch FROM retry_at - now())::float"
+                " FROM consumer_offsets WHERE name = 'orders'").fetchone())
+            assert run_batch(consumer).waiting and effects() == {}  # b waits behind a
+            conn.execute("UPDATE consumer_offsets SET retry_at = now() WHERE name = 'orders'")
+    assert [n for n, _ in pauses] == [1, 2, 3, 4]
+    assert [seconds for _, seconds in pauses] == pytest.approx([100, 200, 350, 350], abs=5)
+
+
 def test_a_poison_message_is_parked_after_the_retry_limit_and_later_messages_flow(settings):
     settings.OUTBOX = {**settings.OUTBOX, "MAX_ATTEMPTS": 3}
     before = placed("a")
@@ -129,6 +152,20 @@ def test_redriving_a_message_that_fails_again_keeps_it_parked(settings):
     assert effects() == {}
 
 
+def test_the_redrive_command_exits_non_zero_when_a_message_fails_again(settings, tmp_path):
+    settings.OUTBOX = {**settings.OUTBOX, "MAX_ATTEMPTS": 1}
+    placed("poison", poison=True)
+    drain(OrderRecorder(), until=lambda: count_rows("outbox_dead_letters") == 1)
+    command = Process.manage("outbox_parked", "--redrive", log=tmp_path / "redrive.log",
+                             env=SUBPROCESS_SETTINGS)
+    try:
+        assert command.popen.wait(PATIENCE) == 1, command.output
+    finally:
+        command.kill()
+    assert "1 parked message(s) failed again" in command.output
+    assert list_parked()[0].attempts == 2 and effects() == {}
+
+
 def test_parked_command_lists_and_redrives(settings, capsys):
     settings.OUTBOX = {**settings.OUTBOX, "MAX_ATTEMPTS": 1}
     FAILING.add("flaky")
@@ -143,6 +180,13 @@ def test_parked_command_lists_and_redrives(settings, capsys):
     assert "1 handled" in capsys.readouterr().out
     with pytest.raises(CommandError, match="TENANT/ID"):
         call_command("outbox_parked", "nonsense", "--redrive")
+
+
+def test_without_its_offset_rows_a_batch_answers_locked_and_handles_nothing():
+    placed("a")
+    result = run_batch(OrderRecorder())
+    assert result.locked and (result.handled, result.failed) == (0, False)
+    assert effects() == {} and count_rows("consumer_offsets") == 0
 
 
 def test_a_partition_held_by_another_worker_is_skipped():
@@ -162,7 +206,7 @@ def test_partitions_keep_per_key_order_and_cover_every_message():
     consumer = PartitionedRecorder()
     drain(consumer, until=lambda: len(effects()) == len(ids))
     assert effects() == {str(i): 1 for i in ids}
-    from tests.outbox.helpers import orders_by_key
+    from tests.outbox.support.helpers import orders_by_key
 
     assert orders_by_key() == {k: [0, 1, 2, 3, 4] for k in keys}
     with observer() as conn:
@@ -238,19 +282,11 @@ def test_the_documented_partition_change_starts_every_new_partition_at_the_lowes
                      " WHERE name = 'orders-partitioned' AND partition = 1", [B])
         low = conn.execute("SELECT min(last_id) - 2 FROM consumer_offsets"
                            " WHERE name = 'orders-partitioned' AND partition = 1").fetchone()[0]
-        conn.execute("""
-            BEGIN;
-            CREATE TEMP TABLE low AS
-              SELECT min(least(o.last_id, (SELECT min(h.upto::bigint)
-                                             FROM jsonb_each_text(o.held) AS h(tenant, upto))))
-                     AS last_id
-                FROM consumer_offsets AS o
-               WHERE o.name = 'orders-partitioned';
-            DELETE FROM consumer_offsets WHERE name = 'orders-partitioned';
-            INSERT INTO consumer_offsets (name, partition, partition_count, last_id)
-            SELECT 'orders-partitioned', p, 8, low.last_id FROM low, generate_series(0, 7) p;
-            COMMIT;
-        """)
+    # As the owner, as the page says (the worker role may not delete offset rows).
+    with connect("owner", autocommit=True) as owner:
+        owner.execute(documented_sql("consumers.md", "### Changing the number of partitions")
+                      .replace("'shipping'", "'orders-partitioned'"))
+    with observer() as conn:
         rows = conn.execute("SELECT partition_count, last_id FROM consumer_offsets"
                             " WHERE name = 'orders-partitioned'").fetchall()
     assert rows == [(8, low)] * 8

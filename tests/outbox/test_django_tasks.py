@@ -2,8 +2,8 @@
 
 The relay (``relay_outbox``, with ``outbox.django_tasks.DjangoTasksTransport``)
 enqueues each message as a task; ``manage.py db_worker`` runs the receiver
-(tests/outbox/tasks_app.py, built with ``outbox.django_tasks.receiver_task``)
-in its own process. Each test's processes use tests/outbox/tasks_settings.py;
+(tests/outbox/support/tasks_receiver.py, built with ``outbox.django_tasks.receiver_task``)
+in its own process. Each test's processes use tests/outbox/support/tasks_process_settings.py;
 the last one runs every command with Celery made unimportable.
 """
 
@@ -21,10 +21,12 @@ from django.core import checks
 from django.core.management import call_command
 
 from tests.helpers import count_rows, observer
-from tests.outbox.helpers import (
+from tests.outbox.support.helpers import (
     SUBPROCESS_SETTINGS,
+    SUPPORT,
     Process,
     effects,
+    faulty_transport,
     publish_many,
     wait_for,
 )
@@ -32,9 +34,9 @@ from tests.outbox.helpers import (
 pytest.importorskip("django_tasks_db", reason="django-tasks-db is in the test dependency group")
 
 A, B = 1, 2
-TASKS = {**SUBPROCESS_SETTINGS, "DJANGO_SETTINGS_MODULE": "tests.outbox.tasks_settings"}
-NO_CELERY = {**TASKS, "DJANGO_SETTINGS_MODULE": "tests.outbox.no_celery_settings"}
-TASK_PATH = "tests.outbox.tasks_app.receive"
+TASKS = {**SUBPROCESS_SETTINGS, "DJANGO_SETTINGS_MODULE": SUPPORT + ".tasks_process_settings"}
+NO_CELERY = {**TASKS, "DJANGO_SETTINGS_MODULE": SUPPORT + ".no_celery_process_settings"}
+TASK_PATH = "tests.outbox.support.tasks_receiver.receive"
 TABLE = "django_tasks_database_dbtaskresult"
 
 
@@ -119,7 +121,7 @@ def test_a_batch_is_enqueued_in_one_transaction_with_the_tasks(tmp_path):
     the duplicates."""
     ids = publish_many(A, "order.placed", [{"sku": f"k{i}"} for i in range(5)])
     dying = Process.manage(
-        "relay_outbox", "--once", "--transport", "tests.outbox.transports.DieAfterTasksSend",
+        "relay_outbox", "--once", "--transport", faulty_transport("DieAfterTasksSend"),
         log=tmp_path / "dying.log", env={**TASKS, "DIO_RELAY_LEASE": "1"})
     assert dying.popen.wait(120) == -signal.SIGKILL
     dying.kill()
@@ -135,7 +137,7 @@ def test_a_batch_is_enqueued_in_one_transaction_with_the_tasks(tmp_path):
 def test_a_relay_killed_part_way_through_enqueueing_a_batch_leaves_none_of_it(tmp_path):
     ids = publish_many(A, "order.placed", [{"sku": f"p{i}"} for i in range(5)])
     dying = Process.manage(
-        "relay_outbox", "--once", "--transport", "tests.outbox.transports.DieMidTasksBatch",
+        "relay_outbox", "--once", "--transport", faulty_transport("DieMidTasksBatch"),
         log=tmp_path / "dying.log", env={**TASKS, "DIO_RELAY_LEASE": "1"})
     assert dying.popen.wait(120) == -signal.SIGKILL
     dying.kill()
@@ -271,7 +273,7 @@ def test_manage_py_check_passes_on_django_tasks_db(tmp_path):
 
 def test_a_project_without_celery_runs_the_whole_outbox_on_django_tasks(tmp_path):
     """Celery, kombu and their kin are unimportable in every process
-    (tests/outbox/no_celery_settings.py): the checks, the relay, a worker, the
+    (tests/outbox/support/no_celery_process_settings.py): the checks, the relay, a worker, the
     consumers, the status, the reaper and the parked list all work."""
     ids = publish_many(A, "order.placed", [{"sku": f"n{i}"} for i in range(3)])
     outputs = [manage(tmp_path, "check", env=NO_CELERY, name="check")]

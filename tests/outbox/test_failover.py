@@ -9,38 +9,24 @@ measured (``pytest -s``).
 
 from __future__ import annotations
 
-import json
 import signal
 import time
-from base64 import b64decode
-from collections import Counter
 
-import redis
-from django.conf import settings as django_settings
-
-from tests.outbox.consumers import SlowRecorder
-from tests.outbox.helpers import (
+from tests.outbox.support.helpers import (
+    SUBPROCESS_SETTINGS,
     Process,
     effects,
+    faulty_transport,
     message_position,
     offset,
     publish_many,
+    queue_length,
+    queued_message_ids,
     wait_for,
 )
-from tests.outbox.test_processes import SUBPROCESS_SETTINGS, queue_length
+from tests.outbox.support.recorders import SlowRecorder
 
 A = 1
-
-
-def queued_message_ids(name: str) -> Counter[str]:
-    """How often each outbox message id is in the Redis queue ``name``."""
-    client = redis.Redis.from_url(django_settings.CELERY_BROKER_URL)
-    try:
-        items = client.lrange(name, 0, -1)
-    finally:
-        client.close()
-    return Counter(json.loads(b64decode(json.loads(i)["body"]))[0][0]["message_id"]
-                   for i in items)
 
 
 def lease_owner_pid(name: str = "relay:default") -> int | None:
@@ -50,6 +36,25 @@ def lease_owner_pid(name: str = "relay:default") -> int | None:
         row = conn.execute("SELECT lease_owner FROM consumer_offsets WHERE name = %s"
                            " AND lease_until > now()", [name]).fetchone()
     return int(row[0].split(":")[1]) if row and row[0] else None
+
+
+def idle_since(application_name: str):
+    """When the session of ``application_name`` last went idle (None: not idle, or none)."""
+    from tests.helpers import observer
+
+    with observer() as conn:
+        row = conn.execute(
+            "SELECT max(state_change) FROM pg_stat_activity WHERE application_name = %s"
+            " AND datname = current_database() AND state = 'idle'", [application_name],
+        ).fetchone()
+    return row[0]
+
+
+def wait_for_value(get, what: str):
+    """``get()``'s first value that is not None."""
+    found = []
+    wait_for(lambda: found.append(get()) or found[-1] is not None, what)
+    return found[-1]
 
 
 def relayed(message_id) -> bool:
@@ -94,7 +99,7 @@ def test_a_relay_killed_by_sigkill_is_replaced_by_a_waiting_one_within_seconds(
 
 def test_a_relay_whose_broker_call_outlasts_its_lease_keeps_it(tmp_path, queue):  # noqa: F811
     """Each batch takes three leases to send; the waiting relay never takes over."""
-    slow = relay(tmp_path, "slow", queue, "--transport", "tests.outbox.transports.SlowSend",
+    slow = relay(tmp_path, "slow", queue, "--transport", faulty_transport("SlowSend"),
                  "--batch-size", "2", DIO_SEND_DELAY="3")
     waiting = None
     owners: set[int | None] = set()
@@ -155,9 +160,13 @@ def test_a_consumer_killed_mid_batch_is_replaced_by_a_running_one_within_seconds
     try:
         wait_for(marker.exists, "the first consumer to hang inside its batch")
         other = Process.manage("run_consumers", "orders-slow", log=tmp_path / "other.log",
-                               env=SUBPROCESS_SETTINGS)
+                               env={**SUBPROCESS_SETTINGS, "PGAPPNAME": "dio-other-consumer"})
         other.wait_output("running")
-        time.sleep(0.5)
+        # The running consumer polls: a transaction of its session ends, then another. Each
+        # met the partition locked by the hanging batch (or it would have handled messages).
+        first_poll = wait_for_value(lambda: idle_since("dio-other-consumer"), "its first poll")
+        wait_for(lambda: (idle_since("dio-other-consumer") or first_poll) > first_poll,
+                 "another poll")
         assert effects() == {}  # the partition is locked by the hanging batch
         hanging.signal(signal.SIGKILL)
         killed = time.monotonic()

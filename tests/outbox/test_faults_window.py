@@ -11,6 +11,7 @@ receiver runs it once.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 
@@ -18,21 +19,26 @@ import pytest
 import redis
 from django.conf import settings as django_settings
 
-from tests.outbox.helpers import effects, publish_many, wait_for
-from tests.outbox.rig import Worker
+from tests.outbox.support.helpers import (
+    FAULT_PROCESS_SETTINGS,
+    FAULT_WORKER_APP,
+    effects,
+    publish_many,
+    wait_for,
+)
+from tests.outbox.support.rig import Worker
 
 A = 1
-SETTINGS = {"DJANGO_SETTINGS_MODULE": "tests.outbox.fault_settings"}
-FAULT_APP = "tests.outbox.receiver_app"
-TASK = "tests.faults.receive"  # receiver_app.TASK
+SETTINGS = {"DJANGO_SETTINGS_MODULE": FAULT_PROCESS_SETTINGS}
+TASK = "tests.faults.receive"  # fault_worker_app.TASK
 
 
 @pytest.fixture
 def to_receiver(settings):
     """The relay sends to the fault app's ReceiverTask, on a queue of this test's own.
 
-    The task's name is written out: importing tests.outbox.receiver_app here would
-    register its shared task on every Celery app the suite makes later.
+    The task's name is written out: importing tests.outbox.support.fault_worker_app here would
+    build its Celery app (and set Django up with its settings) in this process.
     """
     name = f"dio-window-{uuid.uuid4().hex[:8]}"
     settings.OUTBOX = {**settings.OUTBOX, "CELERY_QUEUE": name, "CELERY_TASK": TASK}
@@ -46,6 +52,19 @@ def held_by_redis(queue: str, message_id: str) -> bool:
     with redis.Redis.from_url(django_settings.CELERY_BROKER_URL) as client:
         items = client.lrange(queue, 0, -1) + list(client.hvals("unacked"))
     return any(message_id.encode() in item for item in items)
+
+
+def left_unacknowledged(queue: str) -> None:
+    """Take the one message of ``queue`` and record it as unacknowledged now, as kombu's
+    Redis transport does for a message a worker took (``QoS.append``): what the broker's
+    restore sweep brings back once the visibility timeout has passed."""
+    with redis.Redis.from_url(django_settings.CELERY_BROKER_URL) as client:
+        [item] = client.lrange(queue, 0, -1)
+        client.delete(queue)
+        raw = json.loads(item)
+        tag = raw["properties"]["delivery_tag"]
+        client.hset("unacked", tag, json.dumps([raw, "", queue]))
+        client.zadd("unacked_index", {tag: time.time()})
 
 
 def relay() -> None:
@@ -68,19 +87,24 @@ def test_a_message_taken_by_a_worker_killed_before_recording_it_needs_a_rewind(
     assert held_by_redis(to_receiver, str(message_id))
     taken = tmp_path / "taken"
     env = {**SETTINGS, "DIO_CELERY_QUEUE": to_receiver, "DIO_VISIBILITY_TIMEOUT": "2"}
-    first = Worker(FAULT_APP, to_receiver, tmp_path / "worker-1.log",
+    first = Worker(FAULT_WORKER_APP, to_receiver, tmp_path / "worker-1.log",
                    env={**env, "DIO_STALL_AFTER_POP": str(taken)})
     second = None
     try:
         wait_for(taken.exists, "the worker to take the message from its list")
         first.kill_group()  # after BRPOP, before kombu records it as unacknowledged
         assert not held_by_redis(to_receiver, str(message_id))
-        second = Worker(FAULT_APP, to_receiver, tmp_path / "worker-2.log", env=env)
+        # A control: a message recorded as unacknowledged after the kill comes back once the
+        # visibility timeout (2 s) has passed, at the broker's next restore sweep (1 s).
+        [control] = publish_many(A, "order.placed", [{"sku": "control"}])
+        relay()
+        left_unacknowledged(to_receiver)
+        second = Worker(FAULT_WORKER_APP, to_receiver, tmp_path / "worker-2.log", env=env)
         second.wait_ready()
-        # Far past the visibility timeout (2 s) and the broker's restore sweep (1 s):
-        # nothing comes back, because nothing was recorded.
-        time.sleep(8)
+        wait_for(lambda: str(control) in effects(), "the control restored and handled")
+        # Nothing brought the taken message back: nothing had recorded it.
         assert str(message_id) not in effects()
+        assert not held_by_redis(to_receiver, str(message_id))
         # The runbook: rewind the relay to before the message, and relay again.
         rewind(message_id)
         relay()
@@ -90,5 +114,5 @@ def test_a_message_taken_by_a_worker_killed_before_recording_it_needs_a_rewind(
         first.kill()
         if second is not None:
             second.kill()
-    assert effects() == {str(message_id): 1}
+    assert effects() == {str(message_id): 1, str(control): 1}
 

@@ -35,8 +35,7 @@ from outbox.testing import InMemoryTransport
 from tenancy import tenant_context
 from tenancy.aliases import app_alias, system_alias, worker_alias
 from tests.helpers import connect, observer, server_pid, set_tenant, superuser
-from tests.outbox.consumers import OrderRecorder
-from tests.outbox.helpers import (
+from tests.outbox.support.helpers import (
     drain,
     effects,
     message_position,
@@ -44,6 +43,7 @@ from tests.outbox.helpers import (
     raw_publish,
     wait_for,
 )
+from tests.outbox.support.recorders import OrderRecorder
 
 A, B = 1, 2
 

@@ -13,8 +13,8 @@ from outbox.consumers import ensure_offsets
 from outbox.relay import Relay
 from outbox.testing import InMemoryTransport
 from tests.helpers import app_role, observer
-from tests.outbox.consumers import OrderRecorder, PartitionedRecorder, SlowRecorder
-from tests.outbox.helpers import ROOT, drain, publish_as
+from tests.outbox.support.helpers import ROOT, drain, publish_as
+from tests.outbox.support.recorders import OrderRecorder, PartitionedRecorder, SlowRecorder
 
 
 def health(*args: str) -> tuple[int, str]:
@@ -84,7 +84,7 @@ def test_a_tenant_held_back_past_the_limit_is_unhealthy_and_says_who_holds_it(ev
     """An open transaction that published holds its tenant's later messages: health sees
     them age, whatever the readers' positions, and names the transaction."""
     from tests.helpers import connect, server_pid
-    from tests.outbox.helpers import raw_publish
+    from tests.outbox.support.helpers import raw_publish
 
     with connect() as slow:
         slow.execute("SET application_name = 'slow import'")

@@ -20,7 +20,7 @@ from django.conf import settings
 
 from tests.dbsetup import owner_dsn
 from tests.helpers import superuser
-from tests.outbox.helpers import ROOT, wait_for
+from tests.outbox.support.helpers import ROOT, wait_for
 
 A, B = 1, 2
 MAX_ID = 2**63 - 1

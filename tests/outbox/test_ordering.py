@@ -18,8 +18,8 @@ from outbox.relay import Relay
 from outbox.testing import InMemoryTransport
 from tenancy.aliases import system_alias
 from tests.helpers import observer, two_connections
-from tests.outbox.consumers import OrderRecorder
-from tests.outbox.helpers import drain, effects, raw_publish, wait_for
+from tests.outbox.support.helpers import drain, effects, raw_publish, wait_for
+from tests.outbox.support.recorders import OrderRecorder
 
 A, B = 1, 2
 

@@ -25,7 +25,7 @@ from tests.helpers import (
     observer,
     raises_rls_violation,
 )
-from tests.outbox.helpers import ROOT, publish_as, raw_publish
+from tests.outbox.support.helpers import ROOT, publish_as, raw_publish
 from tests.testapp.models import Order
 
 A, B = 1, 2

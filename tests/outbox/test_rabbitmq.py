@@ -19,7 +19,7 @@ from kombu import Connection, Exchange, Queue
 from outbox.celery import check_broker
 from outbox.relay import Relay
 from outbox.transports import CeleryTransport
-from tests.outbox.helpers import offset, publish_many
+from tests.outbox.support.helpers import offset, publish_many
 
 A = 1
 

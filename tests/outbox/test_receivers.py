@@ -19,7 +19,7 @@ from outbox import ReceiverTask, receive, receiver
 from outbox.celery import deliver
 from outbox.testing import relay_pending
 from tests.helpers import count_rows, observer
-from tests.outbox.helpers import effects, publish_many
+from tests.outbox.support.helpers import effects, publish_many
 
 A = 1
 
@@ -112,3 +112,21 @@ def test_something_that_is_not_an_outbox_message_is_refused_at_once(caplog):
     with caplog.at_level(logging.ERROR, logger="outbox"), pytest.raises(KeyError):
         run_as_worker(task, {"message_id": str(uuid.uuid4())}, retries=0)
     assert "which is not an outbox message" in caplog.text
+
+
+def test_the_documented_defaults_retry_nine_times_doubling_from_a_second_then_park(settings):
+    settings.OUTBOX = {k: v for k, v in settings.OUTBOX.items() if not k.startswith("RECEIVER_")}
+    task, body = receiver_task(), envelope()
+    pauses = []
+    for retries in range(9):
+        with pytest.raises(Retry) as retried:
+            run_as_worker(task, body, retries)
+        pauses.append(retried.value.when)
+    assert pauses == [1, 2, 4, 8, 16, 32, 64, 128, 256]  # about 8.5 minutes in all
+    with pytest.raises(Broken):
+        run_as_worker(task, body, retries=9)  # the tenth attempt: parked
+    assert count_rows("outbox_dead_letters") == 1
+    unparkable = envelope(tenant_id=2**63)
+    with pytest.raises(Retry) as retried:
+        run_as_worker(task, unparkable, retries=9)
+    assert retried.value.when == 300  # the longest pause: five minutes

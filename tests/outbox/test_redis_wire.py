@@ -30,7 +30,9 @@ from outbox.stream import Envelope, Position
 from outbox.transports import CeleryTransport, _RedisWire
 from tenancy.aliases import system_alias
 from tests.helpers import observer
-from tests.outbox.helpers import (
+from tests.outbox.support.faulty_transports import DieAfterSend
+from tests.outbox.support.helpers import (
+    ORDER_WORKER_APP,
     SUBPROCESS_SETTINGS,
     Process,
     effects,
@@ -38,7 +40,6 @@ from tests.outbox.helpers import (
     publish_many,
     wait_for,
 )
-from tests.outbox.transports import DieAfterSend
 
 A, B = 1, 2
 
@@ -201,6 +202,52 @@ def test_queues_of_several_lists_and_priorities_in_one_batch(settings):
 
 
 @needs_kombu_batches
+def test_a_failure_part_way_through_a_batch_raises_and_the_whole_batch_is_sent_again(
+        settings, caplog):
+    """docs/outbox.md: several lists, one LPUSH failed: the batch raises and goes again.
+
+    The relay connects as a Redis user that may read the second list but not write it
+    (an ACL of its own), so the first list's LPUSH succeeds and the second's is refused.
+    """
+    tag = uuid.uuid4().hex[:8]
+    names = [f"dio-wire-ok-{tag}", f"dio-wire-ro-{tag}"]
+    user = f"dio-wire-{tag}"
+    admin = redis.Redis.from_url(django_settings.CELERY_BROKER_URL)
+    admin.acl_setuser(user, enabled=True, nopass=True, commands=["+@all"],
+                      keys=["_kombu*", f"dio-wire-ok-{tag}*", f"%R~dio-wire-ro-{tag}*"])
+    url = django_settings.CELERY_BROKER_URL.replace("redis://", f"redis://{user}:x@", 1)
+    app = Celery("wire", broker=url, set_as_current=False)
+    app.conf.task_queues = [Queue(n, Exchange(n), routing_key=n) for n in names]
+    app.conf.task_routes = {"t.first": {"queue": names[0]}, "t.second": {"queue": names[1]}}
+    settings.OUTBOX = {**settings.OUTBOX, "CELERY_QUEUE": None, "CELERY_TASK": "t.first",
+                       "CELERY_TOPIC_TASKS": {"second": "t.second"}}
+    ids = publish_many(A, "first", [{"n": n} for n in range(3)])
+    ids += publish_many(A, "second", [{"n": n} for n in range(2)])
+    relay = Relay(CeleryTransport(app), name="wire-part-way")
+    try:
+        wait_for(lambda: relay.step() is not None and "could not send 5 message(s)" in caplog.text,
+                 "the failed send")
+        assert "(LPUSH dio-wire-ro-" in caplog.text, caplog.text  # refused at its LPUSH
+        assert admin.llen(names[0]) == 3  # the first list took its part of the batch...
+        with observer() as conn:  # ...but the relay did not move past any message of it
+            assert conn.execute("SELECT count(*) FROM consumer_offsets WHERE name = %s"
+                                " AND last_id > 0", ["relay:wire-part-way"]).fetchone()[0] == 0
+        admin.acl_setuser(user, enabled=True, nopass=True,  # the second list writable
+                          keys=[f"dio-wire-ro-{tag}*"])
+        wait_for(lambda: relay.step() is not None and relay.sent == 5, "relayed")
+        first, second = raw_messages(names[0]), raw_messages(names[1])
+    finally:
+        relay.release()
+        app.close()
+        admin.delete(*names)
+        admin.acl_deluser(user)
+        admin.close()
+    # The whole batch again: the first list has its messages twice (at least once).
+    assert [m["headers"]["id"] for m in first] == [str(i) for i in ids[:3]] * 2
+    assert [m["headers"]["id"] for m in second] == [str(i) for i in ids[3:]]
+
+
+@needs_kombu_batches
 def test_a_queue_with_x_expires_takes_the_standard_path(settings):
     name = f"dio-outbox-wire-{uuid.uuid4().hex[:8]}"
     app = Celery("wire", broker=django_settings.CELERY_BROKER_URL, set_as_current=False)
@@ -295,7 +342,7 @@ def test_a_celery_worker_runs_the_fast_paths_tasks_with_their_ids_and_envelopes(
     sent = []
     monkeypatch.setattr(_RedisWire, "send", _spy(_RedisWire.send, sent))
     proc = Process(
-        [sys.executable, "-m", "celery", "-A", "tests.outbox.celery_app", "worker",
+        [sys.executable, "-m", "celery", "-A", ORDER_WORKER_APP, "worker",
          "-P", "solo", "-Q", queue, "--without-mingle", "--without-gossip",
          "--without-heartbeat", "-l", "info", "-n", f"{queue}@%h"],
         tmp_path / "worker.log",

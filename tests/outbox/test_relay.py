@@ -17,7 +17,7 @@ from outbox.transports import CeleryTransport, LoggingTransport, get_transport
 from tenancy import current_tenant_id
 from tenancy.aliases import app_alias
 from tests.helpers import count_rows, observer
-from tests.outbox.helpers import effects, offset, publish_as, publish_many, wait_for
+from tests.outbox.support.helpers import effects, offset, publish_as, publish_many, wait_for
 from tests.testapp.models import Order
 
 A, B = 1, 2

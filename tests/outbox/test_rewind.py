@@ -23,7 +23,7 @@ from outbox.exceptions import RewindRefused
 from outbox.relay import Relay, rewind
 from outbox.testing import InMemoryTransport
 from tests.helpers import observer, set_tenant, two_connections
-from tests.outbox.helpers import offset, publish_as, publish_many, wait_for
+from tests.outbox.support.helpers import offset, publish_as, publish_many, wait_for
 
 A, B = 1, 2
 

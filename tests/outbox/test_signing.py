@@ -41,7 +41,9 @@ from outbox.testing import relay_pending
 from outbox.transports import CeleryTransport, _RedisWire
 from tenancy import current_tenant_id
 from tests.helpers import count_rows, observer
-from tests.outbox.helpers import (
+from tests.outbox.support.helpers import (
+    FAULT_PROCESS_SETTINGS,
+    FAULT_WORKER_APP,
     SUBPROCESS_SETTINGS,
     effects,
     publish_as,
@@ -49,7 +51,7 @@ from tests.outbox.helpers import (
     queue_length,
     wait_for,
 )
-from tests.outbox.rig import Worker
+from tests.outbox.support.rig import Worker
 from tests.testapp.models import Order
 
 A, B = 1, 2
@@ -438,7 +440,7 @@ _DROP = object()
 def test_a_real_worker_handles_what_the_relay_signed_and_refuses_what_a_broker_writer_forged(
     settings, queue, tmp_path
 ):
-    from tests.outbox.receiver_app import TASK
+    from tests.outbox.support.fault_worker_app import TASK
 
     use_keys(settings, NEW)
     settings.OUTBOX = {**settings.OUTBOX, "CELERY_TASK": TASK}
@@ -450,9 +452,9 @@ def test_a_real_worker_handles_what_the_relay_signed_and_refuses_what_a_broker_w
         item = json.loads(second)
         client.lpush(queue, forge(item, tenant_id=B, payload={"sku": "forged"}),
                      forge(item, message_id=str(uuid.uuid4()), signature=_DROP))
-    env = {**SUBPROCESS_SETTINGS, "DJANGO_SETTINGS_MODULE": "tests.outbox.fault_settings",
+    env = {**SUBPROCESS_SETTINGS, "DJANGO_SETTINGS_MODULE": FAULT_PROCESS_SETTINGS,
            "DIO_CELERY_QUEUE": queue, "DIO_SIGNING_KEYS": json.dumps([NEW])}
-    worker = Worker("tests.outbox.receiver_app", queue, tmp_path / "worker.log", concurrency=1,
+    worker = Worker(FAULT_WORKER_APP, queue, tmp_path / "worker.log", concurrency=1,
                     env=env)
     try:
         worker.wait_ready()

@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import signal
 
-from tests.outbox.consumers import SlowRecorder
-from tests.outbox.helpers import (
+from tests.outbox.support.helpers import (
     SUBPROCESS_SETTINGS,
     Process,
     drain,
     effects,
+    faulty_transport,
     message_position,
     offset,
     publish_many,
     queue_length,
     wait_for,
 )
+from tests.outbox.support.recorders import SlowRecorder
 
 A = 1
 
@@ -52,7 +53,7 @@ def test_a_relay_stopped_with_a_batch_in_flight_sends_it_once_and_exits_0(tmp_pa
     ids = publish_many(A, "order.placed", [{"sku": f"k{i}"} for i in range(5)])
     env = {**SUBPROCESS_SETTINGS, "DIO_CELERY_QUEUE": queue, "DIO_SEND_DELAY": "3",
            "DIO_SEND_MARKER": str(marker)}
-    relay = Process.manage("relay_outbox", "--transport", "tests.outbox.transports.SlowSend",
+    relay = Process.manage("relay_outbox", "--transport", faulty_transport("SlowSend"),
                            log=tmp_path / "relay.log", env=env)
     try:
         wait_for(marker.exists, "the relay to be inside its send")

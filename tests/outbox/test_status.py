@@ -9,8 +9,8 @@ from django.core.management import call_command
 from outbox.status import status
 from tenancy.aliases import system_alias
 from tests.helpers import app_role, connect, observer, server_pid
-from tests.outbox.consumers import OrderRecorder
-from tests.outbox.helpers import drain, effects, publish_many, raw_publish
+from tests.outbox.support.helpers import drain, effects, publish_many, raw_publish
+from tests.outbox.support.recorders import OrderRecorder
 
 A, B = 1, 2
 
@@ -89,7 +89,7 @@ def test_status_says_so_when_every_reader_is_up_to_date(capsys):
 
 def test_status_names_every_publisher_in_flight_lowest_bound_first(system_reads_all_stats,
                                                                     capsys):
-    from tests.outbox.helpers import publish_as
+    from tests.outbox.support.helpers import publish_as
 
     publish_as(A, "order.placed", {"sku": "committed"})
     with connect() as first, connect() as second, observer() as unrelated:

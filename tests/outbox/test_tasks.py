@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from outbox import tasks
 from outbox.testing import InMemoryTransport
-from tests.outbox.helpers import effects, publish_many, wait_for
+from tests.outbox.support.helpers import effects, publish_many, wait_for
 
 A = 1
 

@@ -19,7 +19,7 @@ from outbox.consumers import ensure_offsets, run_batch
 from tenancy import current_tenant_id, tenant_context
 from tenancy.aliases import app_alias, tenant_alias, worker_alias
 from tests.helpers import observer
-from tests.outbox.helpers import publish_as
+from tests.outbox.support.helpers import publish_as
 from tests.testapp.models import Order
 
 A, B, WEB = 1, 2, 3

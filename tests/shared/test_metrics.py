@@ -20,8 +20,8 @@ from tenancy import tenant_context
 from tests.helpers import connect
 from tests.idempotency.conftest import Client
 from tests.live import LiveServer, free_port
-from tests.outbox.consumers import OrderRecorder
-from tests.outbox.helpers import ROOT, Process, drain, publish_as, raw_publish, wait_for
+from tests.outbox.support.helpers import ROOT, Process, drain, publish_as, raw_publish, wait_for
+from tests.outbox.support.recorders import OrderRecorder
 
 SCOPE = "order.create"
 

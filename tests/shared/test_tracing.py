@@ -22,8 +22,8 @@ from outbox.testing import InMemoryTransport
 from outbox.transports import CeleryTransport
 from tests.helpers import count_rows
 from tests.idempotency.conftest import Client
-from tests.outbox.consumers import OrderRecorder
-from tests.outbox.helpers import drain, wait_for
+from tests.outbox.support.helpers import drain, wait_for
+from tests.outbox.support.recorders import OrderRecorder
 
 EXPORTER = InMemorySpanExporter()
 
@@ -94,7 +94,7 @@ def test_one_trace_from_the_post_to_the_relay_and_the_consumer():
 
 
 def test_a_failing_handler_is_recorded_on_its_span():
-    from tests.outbox.helpers import publish_as
+    from tests.outbox.support.helpers import publish_as
 
     publish_as(1, "order.placed", {"sku": "bad", "poison": True})
     drain(OrderRecorder())

@@ -21,6 +21,7 @@ from tests.helpers import (
     observer,
     raises_rls_violation,
 )
+from tests.testapp.factories import OrderFactory
 from tests.testapp.models import Order
 
 A, B = 1, 2
@@ -29,9 +30,9 @@ A, B = 1, 2
 @pytest.fixture
 def orders():
     with tenant_context(A):
-        a = Order.objects.create(tenant_id=A, sku="a-1")
+        a = OrderFactory(sku="a-1")
     with tenant_context(B):
-        b = Order.objects.create(tenant_id=B, sku="b-1")
+        b = OrderFactory(sku="b-1")
     return a, b
 
 

@@ -34,8 +34,8 @@ from outbox.consumers import ensure_offsets, run_batch
 from tenancy import tenant_context
 from tenancy.aliases import app_alias, worker_alias
 from tests.helpers import count_rows, superuser
-from tests.outbox.consumers import OrderRecorder
-from tests.outbox.helpers import effects, message_position, offset, publish_many
+from tests.outbox.support.helpers import effects, message_position, offset, publish_many
+from tests.outbox.support.recorders import OrderRecorder
 from tests.pooler import Pooler, pool_of_one
 from tests.testapp.models import Order
 

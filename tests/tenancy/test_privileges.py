@@ -17,8 +17,8 @@ from tenancy.aliases import app_alias
 from tenancy.checks import check_privileges
 from tenancy.privileges import apply, compare, role_names, statements
 from tests.helpers import as_tenant, connect, observer
-from tests.outbox.consumers import FAILING, OrderRecorder
-from tests.outbox.helpers import publish_many
+from tests.outbox.support.helpers import publish_many
+from tests.outbox.support.recorders import FAILING, OrderRecorder
 
 A, B = 1, 2
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -162,3 +162,35 @@ def test_the_grant_list_in_the_docs_is_the_matrix():
         {"app": "shop_app", "worker": "shop_worker", "system": "shop_system"},
     )
     assert block.group(1).splitlines() == source
+
+
+# --- docs/roles.md, "Your own tables": GRANT_PROJECT_TABLES only adds --------------------
+
+
+def test_project_table_grants_only_add_and_keep_grants_made_by_hand(settings):
+    assert settings.TENANCY["GRANT_PROJECT_TABLES"]  # the test settings turn it on
+    names = role_names()
+    app, worker, system = names["app"], names["worker"], names["system"]
+    with observer() as conn:
+        # By hand: a handler writes a table that is not tenant-isolated; a report reads it.
+        conn.execute(f"GRANT SELECT, INSERT ON testapp_plain_order TO {worker}")
+        conn.execute(f"GRANT SELECT ON testapp_plain_order TO {system}")
+        conn.execute(f"REVOKE UPDATE ON testapp_order FROM {app}")  # one of ours, missing
+    try:
+        ran = apply("owner")
+        assert ran == [f"GRANT UPDATE ON testapp_order TO {app};"]  # added; nothing revoked
+        with observer() as conn:
+            held = dict(conn.execute(
+                "SELECT r, string_agg(p, ',' ORDER BY p) FROM unnest(%s::text[]) r,"
+                " unnest(array['SELECT', 'INSERT', 'UPDATE', 'DELETE']) p"
+                " WHERE has_table_privilege(r, 'testapp_plain_order', p) GROUP BY r",
+                [[app, worker, system]]).fetchall())
+            assert conn.execute("SELECT has_table_privilege(%s, 'testapp_order', 'UPDATE')",
+                                [app]).fetchone()[0]
+        assert held == {app: "DELETE,INSERT,SELECT,UPDATE", worker: "INSERT,SELECT",
+                        system: "SELECT"}
+        assert apply("owner") == []  # and again: nothing to do
+    finally:
+        with observer() as conn:
+            conn.execute(f"REVOKE ALL ON testapp_plain_order FROM {worker}, {system}")
+            conn.execute(f"GRANT UPDATE ON testapp_order TO {app}")

@@ -27,7 +27,7 @@ from tenancy.aliases import app_alias
 from tenancy.checks import check_project_privileges
 from tenancy.privileges import apply, role_names
 from tests.helpers import observer
-from tests.outbox.helpers import publish_many
+from tests.outbox.support.helpers import publish_many
 from tests.testapp.models import Order
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -30,6 +30,7 @@ from tenancy.conf import ContextKey, tenancy_settings
 from tenancy.context import mint_token
 from tenancy.verified import database_mode
 from tests.helpers import app_connection, connect, observer, raises_rls_violation, server_pid
+from tests.testapp.factories import OrderFactory
 from tests.testapp.models import Order
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,9 +81,9 @@ def _verified_mode(django_db_setup, django_db_blocker):
 @pytest.fixture
 def orders():
     with tenant_context(A):
-        a = Order.objects.create(tenant_id=A, sku="a-1")
+        a = OrderFactory(sku="a-1")
     with tenant_context(B):
-        b = Order.objects.create(tenant_id=B, sku="b-1")
+        b = OrderFactory(sku="b-1")
     return a, b
 
 
@@ -324,6 +325,25 @@ def test_the_app_role_sees_no_key_even_with_a_blanket_grant():
             conn.execute(f'REVOKE ALL ON tenancy_context_keys FROM "{role}"')
     with observer() as conn:
         assert conn.execute("SELECT count(*) FROM tenancy_context_keys").fetchone()[0] >= 1
+
+
+def test_an_app_alias_that_can_read_a_key_is_refused_with_e026():
+    app = tenancy_settings.APP_DATABASE
+    role = django_settings.DATABASES[app]["USER"]
+    errors = lambda: {m.id for m in checks.run_checks(databases=[app])  # noqa: E731
+                      if m.level >= checks.ERROR}
+    assert "tenancy.E026" not in errors()
+    with observer() as conn:  # a blanket grant, and the keys' row-level security switched off
+        conn.execute(f'GRANT SELECT ON tenancy_context_keys TO "{role}"')
+        conn.execute("ALTER TABLE tenancy_context_keys DISABLE ROW LEVEL SECURITY")
+    try:
+        assert "tenancy.E026" in errors()
+    finally:
+        with observer() as conn:
+            conn.execute("ALTER TABLE tenancy_context_keys ENABLE ROW LEVEL SECURITY")
+            conn.execute(f'REVOKE ALL ON tenancy_context_keys FROM "{role}"')
+        connections[app].close()
+    assert "tenancy.E026" not in errors()
 
 
 def test_the_app_role_cannot_switch_the_mode_back():

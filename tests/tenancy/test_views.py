@@ -17,7 +17,7 @@ from tenancy import tenant_context
 from tenancy.aliases import app_alias
 from tenancy.context import search_path_sql
 from tests.helpers import count_rows, statements
-from tests.testapp.models import Order
+from tests.testapp.factories import OrderFactory
 
 
 @pytest.fixture
@@ -29,10 +29,9 @@ def api():
 def orders():
     """Two orders of tenant 1 (alice's) and one of tenant 2 (bob's), committed."""
     with tenant_context(1):
-        tea = Order.objects.create(tenant_id=1, sku="tea")
-        cake = Order.objects.create(tenant_id=1, sku="cake")
+        tea, cake = OrderFactory(sku="tea"), OrderFactory(sku="cake")
     with tenant_context(2):
-        rice = Order.objects.create(tenant_id=2, sku="rice")
+        rice = OrderFactory(sku="rice")
     return {"tea": tea.pk, "cake": cake.pk, "rice": rice.pk}
 
 

@@ -37,6 +37,13 @@ urlpatterns = [
     path("fuzz-orders/", views.FuzzOrderViewSet.as_view(create)),
     path("fuzz-django-orders/", views.fuzz_django_create),
     path("published-orders/", views.PublishingOrderViewSet.as_view(create)),
+    path("answering/", views.AnsweringView.as_view()),
+    path("orders-holding/", views.HoldingOrderViewSet.as_view(create)),
+    path("orders-refused/", views.PermissionRefusedOrderViewSet.as_view(create)),
+    path("orders-throttled/", views.ThrottledOrderViewSet.as_view(create)),
+    path("orders-default-scope/", views.DefaultScopeOrderViewSet.as_view(create)),
+    path("orders-hooked-identity/", views.OrderScopeAndPrincipalHooksViewSet.as_view(create)),
+    path("orders-hooked-fingerprint/", views.OrderFingerprintHookViewSet.as_view(create)),
     path("metrics", metrics_view),
     path("healthz/outbox", health_view),
 ]

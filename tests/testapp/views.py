@@ -2,12 +2,16 @@
 
 import hashlib
 import time
+from pathlib import Path
+from typing import ClassVar
 
 from django.http import JsonResponse, StreamingHttpResponse
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.exceptions import APIException, PermissionDenied
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.permissions import BasePermission, IsAuthenticated
 from rest_framework.response import Response
+from rest_framework.throttling import BaseThrottle
 from rest_framework.views import APIView
 
 from idempotency import IdempotentViewMixin, idempotent
@@ -21,6 +25,15 @@ class PaymentDeclined(APIException):
     status_code = 402
     default_detail = "The card was declined."
     default_code = "card_declined"
+
+
+def hold(path: str) -> None:
+    """Touch ``<path>.held``, then wait (a minute at most) while ``path`` exists: a test holds
+    a request at a point of its choosing and lets it go by deleting the file."""
+    Path(path + ".held").touch()
+    deadline = time.monotonic() + 60
+    while Path(path).exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 class OrderSerializer(serializers.ModelSerializer):
@@ -70,6 +83,31 @@ class OrderCreate(mixins.CreateModelMixin, viewsets.GenericViewSet):
 
 class OrderViewSet(IdempotentViewMixin, OrderCreate):
     idempotency_scope = "order.create"
+
+
+class HoldingOrderSerializer(OrderSerializer):
+    """The order's create, held where the body says (``hold``: a file, see :func:`hold`)."""
+
+    hold = serializers.CharField(write_only=True, required=False)
+    hold_at = serializers.ChoiceField(["start", "written"], write_only=True, required=False)
+
+    class Meta(OrderSerializer.Meta):
+        fields = [*OrderSerializer.Meta.fields, "hold", "hold_at"]
+
+    def create(self, validated_data):
+        held, at = validated_data.pop("hold", ""), validated_data.pop("hold_at", "written")
+        if held and at == "start":  # before the handler's first statement
+            hold(held)
+        order = Order.objects.create(tenant_id=current_tenant_id(), **validated_data)
+        if held and at == "written":  # the order written, not committed
+            hold(held)
+        return order
+
+
+class HoldingOrderViewSet(OrderViewSet):
+    """The ordinary create (scope order.create), which a test can hold mid-request."""
+
+    serializer_class = HoldingOrderSerializer
 
 
 class TenantOrderViewSet(OrderCreate):
@@ -307,3 +345,88 @@ class PublishingOrderViewSet(OrderViewSet):
         super().perform_create(serializer)
         order = serializer.instance
         publish("order.placed", {"id": order.pk, "sku": order.sku}, key=f"order:{order.pk}")
+
+
+# --- the contract's other rows (tests/idempotency/test_contract.py) -------------------
+
+
+class AnsweringView(IdempotentViewMixin, APIView):
+    """Writes an order and announces it (order.placed), then answers as the body says.
+
+    ``answer``: the status to answer (201 by default), ``"decline"`` (DRF's 402
+    exception) or ``"raise"`` (an exception: a 500). ``calls`` lists the keys of
+    the requests the handler ran for (a test empties it).
+    """
+
+    idempotency_scope = "order.answer"
+    calls: ClassVar[list[str]] = []
+
+    def post(self, request):
+        from outbox import publish
+
+        AnsweringView.calls.append(request.headers.get("Idempotency-Key", ""))
+        order = Order.objects.create(tenant_id=current_tenant_id(),
+                                     sku=str(request.data.get("sku", "tea")))
+        publish("order.placed", {"id": order.pk, "sku": order.sku}, key=f"order:{order.pk}")
+        answer = request.data.get("answer", 201)
+        if answer == "raise":
+            raise RuntimeError("the handler failed after writing and publishing")
+        if answer == "decline":
+            raise PaymentDeclined()
+        return Response({"id": order.pk}, status=int(answer))
+
+
+class RefuseEveryone(BasePermission):
+    message = "Orders are closed."
+
+    def has_permission(self, request, view):
+        return False
+
+
+class RefuseEveryRequest(BaseThrottle):
+    def allow_request(self, request, view):
+        return False
+
+    def wait(self):
+        return 7
+
+
+class PermissionRefusedOrderViewSet(OrderViewSet):
+    """The ordinary create (scope order.create) behind a permission that refuses everyone."""
+
+    permission_classes = [IsAuthenticated, RefuseEveryone]
+
+
+class ThrottledOrderViewSet(OrderViewSet):
+    """The ordinary create (scope order.create) behind a throttle that refuses every request."""
+
+    throttle_classes = [RefuseEveryRequest]
+
+
+class DefaultScopeOrderViewSet(IdempotentViewMixin, OrderCreate):
+    """No ``idempotency_scope``: the default, ``<module>.<ViewClass>.<action>``."""
+
+
+class OrderScopeAndPrincipalHooksViewSet(OrderViewSet):
+    """Two hooks of docs/mixin.md, as its examples override them: the scope per API
+    version (``X-Api-Version``), the principal an API client (``X-Client``) rather than
+    a user."""
+
+    def get_idempotency_scope(self):
+        return f"order.create.v{self.request.headers.get('X-Api-Version', '1')}"
+
+    def get_idempotency_principal(self):
+        return f"client:{self.request.headers['X-Client']}"
+
+
+class OrderFingerprintHookViewSet(OrderScopeAndPrincipalHooksViewSet):
+    """The fingerprint hook of docs/mixin.md's example: the body's ``sent_at`` ignored."""
+
+    def get_idempotency_fingerprint(self):
+        # idempotency.fingerprint, the module: `from idempotency import fingerprint` gives the
+        # submodule once it is imported (issue 21 fixes that public name).
+        from idempotency.fingerprint import canonical_path, fingerprint
+
+        data = {k: v for k, v in self.request.data.items() if k != "sent_at"}
+        path = canonical_path(self.request.path, self.request.META.get("QUERY_STRING", ""))
+        return fingerprint(self.request.method, path, self.get_idempotency_principal(), data)

@@ -1,18 +1,19 @@
 """Settings of the processes the Django tasks tests start: the outbox on Django's Tasks
 framework, with django-tasks-db as the backend (its tables in the test database).
 
-The outbox's process settings (tests/outbox/settings.py), plus the Tasks apps
+The outbox's process settings (tests/outbox/support/process_settings.py), plus the Tasks apps
 (``django_tasks`` on Django 5.2; Django 6 has ``django.tasks`` built in),
 django-tasks-db's backend, and the relay sending through
 :class:`outbox.django_tasks.DjangoTasksTransport` to the receiver task of
-tests/outbox/tasks_app.py. Short retries, as in tests/outbox/fault_settings.py.
+tests/outbox/support/tasks_receiver.py. Short retries, as in
+tests/outbox/support/fault_process_settings.py.
 """
 
 import importlib.util
 import os
 
-from tests.outbox.settings import *  # noqa: F403
-from tests.outbox.settings import DATABASE_ROUTERS, INSTALLED_APPS, OUTBOX
+from tests.outbox.support.process_settings import *  # noqa: F403
+from tests.outbox.support.process_settings import DATABASE_ROUTERS, INSTALLED_APPS, OUTBOX
 
 INSTALLED_APPS = [*INSTALLED_APPS, "django_tasks_db"]
 if importlib.util.find_spec("django.tasks") is None:  # Django 5.2: the backport
@@ -23,7 +24,7 @@ TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
 OUTBOX = {
     **OUTBOX,
     "TRANSPORT": "outbox.django_tasks.DjangoTasksTransport",
-    "TASKS_TASK": "tests.outbox.tasks_app.receive",
+    "TASKS_TASK": "tests.outbox.support.tasks_receiver.receive",
     "RECEIVER_RETRY_BACKOFF": 0.2,
     "RECEIVER_RETRY_BACKOFF_MAX": 1.0,
     "RECEIVER_MAX_ATTEMPTS": int(os.environ.get("DIO_RECEIVER_MAX_ATTEMPTS", "60")),
@@ -46,4 +47,4 @@ class TasksTablesOnTheOwner:
 
 
 if os.environ.get("DIO_TASKS_MIGRATE"):
-    DATABASE_ROUTERS = ["tests.outbox.tasks_settings.TasksTablesOnTheOwner", *DATABASE_ROUTERS]
+    DATABASE_ROUTERS = [f"{__name__}.TasksTablesOnTheOwner", *DATABASE_ROUTERS]

@@ -32,4 +32,4 @@ def _report() -> None:
 
 atexit.register(_report)
 
-from tests.outbox.tasks_settings import *  # noqa: E402, F403
+from tests.outbox.support.tasks_process_settings import *  # noqa: E402, F403

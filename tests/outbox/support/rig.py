@@ -22,7 +22,7 @@ import redis
 from kombu import Connection
 
 from tests.live import free_port
-from tests.outbox.helpers import PATIENCE, ROOT, wait_for
+from tests.outbox.support.helpers import PATIENCE, ROOT, wait_for
 
 
 class RedisServer:

@@ -1,6 +1,6 @@
 """The Celery app of the end-to-end tests (run as a real worker subprocess).
 
-``celery -A tests.outbox.celery_app worker -Q <queue>``: receives the
+``celery -A tests.outbox.support.order_worker_app worker -Q <queue>``: receives the
 envelopes the relay sends and records each as an Order, de-duplicated by
 message id in the same transaction (outbox.receivers).
 

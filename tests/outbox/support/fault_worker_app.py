@@ -1,6 +1,6 @@
 """The Celery app of the fault tests: a receiver built as the docs say.
 
-``celery -A tests.outbox.receiver_app worker``: one task,
+``celery -A tests.outbox.support.fault_worker_app worker``: one task,
 ``tests.faults.receive``, an ``outbox.ReceiverTask`` whose body is an
 ``outbox.receiver``. Its effect is an Order whose note is the message id; the
 payload steers it:
@@ -19,6 +19,9 @@ taken by a killed worker comes back within seconds (an hour by default).
 RabbitMQ (with publisher confirms, which the outbox requires; no visibility
 timeout there: a message comes back when its worker's connection closes).
 
+``DIO_BROKER_WRITE_URL`` sends what the worker publishes (a retry) to another broker than
+the one it consumes from: a dead port makes every retry unsendable.
+
 ``DIO_STALL_AFTER_POP``, a file: the worker stops for an hour right after it
 has taken a message from its Redis list and before kombu records it as
 unacknowledged (touching the file first), to be killed in that window.
@@ -32,7 +35,7 @@ from pathlib import Path
 
 import django
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.outbox.fault_settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.outbox.support.fault_process_settings")
 django.setup()
 
 from celery import Celery  # noqa: E402
@@ -59,6 +62,8 @@ if os.environ.get("DIO_STALL_AFTER_POP"):
 
 BROKER_URL = os.environ.get("DIO_BROKER_URL") or settings.CELERY_BROKER_URL
 app = Celery("dio_receiver_tests", broker=BROKER_URL)
+if os.environ.get("DIO_BROKER_WRITE_URL"):
+    app.conf.broker_write_url = os.environ["DIO_BROKER_WRITE_URL"]
 app.conf.update(
     task_default_queue=settings.OUTBOX["CELERY_QUEUE"],
     worker_prefetch_multiplier=4,
@@ -72,7 +77,10 @@ app.conf.update(
 )
 
 
-@app.task(base=ReceiverTask, name=TASK)
+# shared=False: this app's task only. A shared task (Celery's default) would join
+# every Celery app created after this module is imported, such as the apps
+# tests/outbox/test_checks.py builds to check their receivers.
+@app.task(base=ReceiverTask, name=TASK, shared=False)
 @receiver(TASK)
 def receive(message: Message) -> None:
     payload = message.payload

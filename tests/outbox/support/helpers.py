@@ -22,14 +22,10 @@ from django.conf import settings as django_settings
 from outbox import publish
 from outbox.consumers import Consumer, ensure_offsets, run_batch
 from tenancy import tenant_context
-from tests.helpers import app_atomic, observer, set_tenant
+from tests.helpers import PATIENCE, app_atomic, observer, set_tenant, wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
-#: Generous: waits end as soon as their condition holds. They exist because a
-#: transaction open elsewhere on the server (another test database) may hold
-#: the delivery fence back for a moment; nothing here measures time.
-PATIENCE = 60.0
 
 
 def publish_as(tenant_id: int, topic: str, payload: dict[str, Any], **kwargs: Any) -> uuid.UUID:
@@ -76,14 +72,6 @@ def orders_by_key() -> dict[str, list[int]]:
     for sku, seq in rows:
         result.setdefault(sku, []).append(seq)
     return result
-
-
-def wait_for(predicate: Callable[[], bool], what: str, patience: float = PATIENCE) -> None:
-    deadline = time.monotonic() + patience
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.05)
 
 
 def drain(consumer: Consumer, until: Callable[[], bool] = lambda: True) -> int:
@@ -220,10 +208,27 @@ def pooler_clients(application_name: str) -> int:
                    == application_name)
 
 
+#: Dotted paths of the support modules, for subprocesses and settings.
+SUPPORT = "tests.outbox.support"
+ORDER_WORKER_APP = SUPPORT + ".order_worker_app"
+FAULT_WORKER_APP = SUPPORT + ".fault_worker_app"
+FAULT_PROCESS_SETTINGS = SUPPORT + ".fault_process_settings"
+
+
+def faulty_transport(name: str) -> str:
+    """The dotted path of a transport of ``faulty_transports`` (for ``--transport``)."""
+    return f"{SUPPORT}.faulty_transports.{name}"
+
+
+def recorder(name: str) -> str:
+    """The dotted path of a consumer of ``recorders`` (for ``OUTBOX["CONSUMERS"]``)."""
+    return f"{SUPPORT}.recorders.{name}"
+
+
 #: The environment of a subprocess that runs the outbox's commands: the
-#: outbox overlay (tests/outbox/settings.py) on this run's own settings module.
+#: outbox overlay (tests/outbox/support/process_settings.py) on this run's own settings module.
 SUBPROCESS_SETTINGS = {
-    "DJANGO_SETTINGS_MODULE": "tests.outbox.settings",
+    "DJANGO_SETTINGS_MODULE": "tests.outbox.support.process_settings",
     "DIO_BASE_SETTINGS": django_settings.SETTINGS_MODULE,
 }
 
@@ -232,6 +237,16 @@ def queue_length(name: str) -> int:
     """How many tasks wait in the Redis list ``name`` on the suite's broker."""
     with redis.Redis.from_url(django_settings.CELERY_BROKER_URL) as client:
         return int(client.llen(name))
+
+
+def queued_message_ids(name: str) -> Counter[str]:
+    """How often each outbox message id is in the suite's Redis list ``name``."""
+    from base64 import b64decode
+
+    with redis.Redis.from_url(django_settings.CELERY_BROKER_URL) as client:
+        items = client.lrange(name, 0, -1)
+    return Counter(json.loads(b64decode(json.loads(i)["body"]))[0][0]["message_id"]
+                   for i in items)
 
 
 class Broker:
@@ -248,7 +263,7 @@ class Broker:
         self.env = {"DIO_BROKER_URL": url} if name == "rabbitmq" else {}
         self.app: Any = None
         if name == "rabbitmq":
-            from tests.outbox.celery_app import build
+            from tests.outbox.support.order_worker_app import build
 
             self.app = build(url)
 
@@ -258,7 +273,7 @@ class Broker:
     def length(self, queue: str) -> int:
         """Messages waiting in ``queue`` (on RabbitMQ: ready, not delivered to a worker)."""
         if self.name == "rabbitmq":
-            from tests.outbox.rig import amqp_queue_length
+            from tests.outbox.support.rig import amqp_queue_length
 
             return amqp_queue_length(self.url, queue)
         with redis.Redis.from_url(self.url) as client:

@@ -7,8 +7,8 @@ test of a few seconds.
 
 import os
 
-from tests.outbox.settings import *  # noqa: F403
-from tests.outbox.settings import OUTBOX
+from tests.outbox.support.process_settings import *  # noqa: F403
+from tests.outbox.support.process_settings import OUTBOX
 
 OUTBOX = {
     **OUTBOX,

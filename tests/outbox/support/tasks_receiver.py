@@ -1,6 +1,6 @@
 """The receiver of the Django tasks tests: an outbox receiver written as a Django task.
 
-Its effect is an Order whose note is the message id (as tests/outbox/receiver_app.py's
+Its effect is an Order whose note is the message id (as tests/outbox/support/fault_worker_app.py's
 Celery task); the payload steers it the same way:
 
 - ``hold``: a directory; the first delivery writes ``<message id>.pid`` there
