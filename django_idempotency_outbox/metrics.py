@@ -10,7 +10,7 @@ lookup.
 Gauges that need SQL (reader lag, the transaction holding delivery back,
 parked messages) are not kept up to date by anyone: :class:`OutboxCollector`
 reads them at scrape time, on the system alias (or
-``OBSERVABILITY["METRICS_DATABASE"]``), through :mod:`outbox.status`'s store
+``OBSERVABILITY["METRICS_DATABASE"]``), through :mod:`outbox.observation`'s store
 queries. Serve them with :func:`metrics_view` (a Django view) or, in the
 long-running commands, ``--metrics-port`` (:func:`serve`).
 
@@ -185,7 +185,7 @@ class OutboxCollector:
         from django.db import connections
         from prometheus_client.core import GaugeMetricFamily
 
-        from outbox.status import observe
+        from outbox.observation import observe
         from tenancy.aliases import system_alias
 
         ok = GaugeMetricFamily("dio_outbox_scrape_ok", "1 when the outbox gauges were read.")

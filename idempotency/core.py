@@ -165,7 +165,7 @@ class IdempotentRequest:
         tenant_id: the tenant; also the row-level security context.
         scope: the operation, e.g. ``"order.create"``; keys are unique per scope.
         key: the client's idempotency key (already parsed).
-        fingerprint: see :func:`idempotency.fingerprint.fingerprint`.
+        fingerprint: see :func:`idempotency.fingerprints.fingerprint`.
         method, path: recorded with the key for people reading it later.
         ttl: how long the finished answer is replayed.
     """

@@ -13,7 +13,7 @@ from django.template.response import SimpleTemplateResponse
 
 from idempotency import flow, inputs
 from idempotency.conf import as_timedelta
-from idempotency.fingerprint import canonical_path, fingerprint, principal_of
+from idempotency.fingerprints import canonical_path, fingerprint, principal_of
 
 View = Callable[..., HttpResponse]
 

@@ -13,7 +13,7 @@ from rest_framework.request import Request
 
 from idempotency import core, flow, phases
 from idempotency.conf import as_timedelta
-from idempotency.fingerprint import canonical_path, fingerprint, principal_of
+from idempotency.fingerprints import canonical_path, fingerprint, principal_of
 from idempotency.phases import Phases
 from idempotency.responses import replay_response, to_stored_response
 from tenancy.aliases import app_alias

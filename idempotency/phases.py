@@ -84,7 +84,7 @@ from idempotency.core import (
     retry_while_in_progress,
 )
 from idempotency.exceptions import IdempotencyError, LeaseLost, UnknownRecoveryPoint
-from idempotency.fingerprint import canonical_json
+from idempotency.fingerprints import canonical_json
 from idempotency.inputs import check_storable
 from tenancy import tenant_context
 from tenancy.aliases import app_alias

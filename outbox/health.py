@@ -11,7 +11,7 @@ quarter of ``RELAY_LEASE`` even when idle, so a stale lease means no relay is
 running. Consumers hold no lease: a dead consumer shows as lag once a message
 waits for it. ``outbox_health`` (the command) and :func:`outbox.health_view`
 (the view) both answer from :func:`check`, which judges what
-:func:`outbox.status.observe` reads.
+:func:`outbox.observation.observe` reads.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from outbox.conf import outbox_settings
 from outbox.consumers import configured_consumers
-from outbox.status import Observation, observe
+from outbox.observation import Observation, observe
 from outbox.store import ReaderState
 
 

@@ -26,8 +26,8 @@ from django.db import connections, transaction
 
 from outbox import publish
 from outbox.models import OutboxMessage
+from outbox.observation import status
 from outbox.relay import Relay
-from outbox.status import status
 from outbox.store import read_batch
 from outbox.stream import Position
 from outbox.testing import InMemoryTransport

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.core.management import call_command
 
-from outbox.status import status
+from outbox.observation import status
 from tenancy.aliases import system_alias
 from tests.helpers import app_role, connect, observer, server_pid
 from tests.outbox.consumers import OrderRecorder
