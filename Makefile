@@ -25,7 +25,9 @@
 #   make soak               the example shop under load and faults, then its invariants
 #                           (ARGS="--duration 600 --seed 1 ..."; BROKER=rabbitmq for
 #                           RabbitMQ in place of Redis; see docs/operations.md)
-#   make lint               ruff and mypy (strict)
+#   make lint               ruff, mypy (strict), the import contract (lint-imports: the
+#                           layers of pyproject.toml's [tool.importlinter]) and the
+#                           mutant catalogue still matching the code
 #   make mutants            the catalogue of claim-breaking edits (mutants/catalogue.py),
 #                           each applied in a scratch copy with its tests run; not part of
 #                           make test (about an hour). MUTANTS_ARGS="ID ..." or
@@ -135,6 +137,7 @@ mutants: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check idempotency tenancy outbox django_idempotency_outbox tests bench mutants
 	$(BIN)/mypy idempotency tenancy outbox django_idempotency_outbox
+	$(BIN)/lint-imports
 	$(BIN)/python -m mutants.run --check
 
 # The docs tools live in their own group and stamp, so `make test` stays lean.

@@ -28,9 +28,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 
-from django_idempotency_outbox import metrics
 from django_idempotency_outbox.durations import as_timedelta
-from idempotency import phases, store
+from idempotency import metrics, phases, store
 from idempotency.conf import idempotency_settings
 from idempotency.core import IdempotentRequest, Outcome, Verdict
 from tenancy.aliases import app_alias, system_alias

@@ -12,7 +12,6 @@ from django_idempotency_outbox.conf import (
     http_status,
     http_statuses,
     integer,
-    optional,
     seconds,
     text,
     texts,
@@ -24,6 +23,9 @@ __all__ = ["IdempotencySettings", "as_timedelta", "idempotency_settings"]
 
 class IdempotencySettings(AppSettings):
     namespace = "IDEMPOTENCY"
+    removed = {
+        "ADMIN_DATABASE": 'moved to TENANCY["ADMIN_DATABASE"], with the other aliases.',
+    }
 
     #: The request header that carries the key.
     HEADER = Setting("Idempotency-Key", text())
@@ -77,9 +79,6 @@ class IdempotencySettings(AppSettings):
     STATUS_ABANDONED = Setting(500, http_status)
     #: Unfinished keys older than this are reported by the reaper.
     STUCK_AFTER = Setting(timedelta(hours=1), duration())
-    #: The alias the admin lists keys through (every tenant's). None: the
-    #: system alias. Better: a role of its own with BYPASSRLS and SELECT only.
-    ADMIN_DATABASE = Setting(None, optional(text()))
     #: Rows deleted per reaper transaction, and the pause between two: the
     #: reaper's share of the server, so that live traffic barely notices it.
     REAP_BATCH_SIZE = Setting(100, integer(minimum=1))

@@ -27,8 +27,8 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse
 
-from django_idempotency_outbox import metrics, tracing
-from idempotency import core, inputs
+from django_idempotency_outbox import tracing
+from idempotency import core, inputs, metrics
 from idempotency.conf import idempotency_settings
 from idempotency.exceptions import RequestRefused
 from idempotency.responses import (

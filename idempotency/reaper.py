@@ -31,8 +31,7 @@ from datetime import datetime
 
 from django.db import connections
 
-from django_idempotency_outbox import metrics
-from idempotency import store
+from idempotency import metrics, store
 from idempotency.conf import idempotency_settings
 from idempotency.exceptions import ReaperBusy
 from idempotency.store import REAPER_LEASE as REAPER_LEASE  # the lease row's name

@@ -775,9 +775,9 @@ CATALOGUE: list[Mutant] = [
     ),
     # --- the privilege matrix, retention, received records ------------------------------------
     mutant(
-        "privileges.app-on-offsets", "tenancy.privileges",
+        "privileges.app-on-offsets", "outbox.models",
         "the web role has no privilege on consumer_offsets",
-        "tenancy/privileges.py",
+        "outbox/models.py",
         '"consumer_offsets": {WORKER: ("SELECT", "INSERT", "UPDATE"), SYSTEM: ("SELECT",)},',
         '"consumer_offsets": {APP: ("SELECT", "UPDATE"), WORKER: ("SELECT", "INSERT", "UPDATE"),'
         ' SYSTEM: ("SELECT",)},',
@@ -990,7 +990,7 @@ CATALOGUE: list[Mutant] = [
         "policies.library-apps-declared", "tenancy.policies",
         "makemigrations writes policies for your models, never in the library's apps",
         "tenancy/policies.py",
-        "        and meta.app_label not in LIBRARY_APPS\n",
+        "        and meta.app_label not in _library_apps()\n",
         "",
         (TENANCY + "test_setup_policies.py",),
     ),
@@ -1030,8 +1030,8 @@ CATALOGUE: list[Mutant] = [
         "privileges.worker-no-migrations-record", "tenancy.privileges",
         "makemigrations works through every alias: every role may read django_migrations",
         "tenancy/privileges.py",
-        '        "django_migrations": {APP: ("SELECT",), WORKER: ("SELECT",), SYSTEM: ("SELECT",)},',
-        '        "django_migrations": {APP: ("SELECT",), SYSTEM: ("SELECT",)},',
+        '    "django_migrations": {APP: ("SELECT",), WORKER: ("SELECT",), SYSTEM: ("SELECT",)},',
+        '    "django_migrations": {APP: ("SELECT",), SYSTEM: ("SELECT",)},',
         (TENANCY + "test_setup_upgrade.py",),
     ),
     mutant(

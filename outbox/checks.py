@@ -1,6 +1,9 @@
 """System checks of the outbox: is the fence still sound, can the receivers keep their promise?
 
-Two families, registered together by :func:`register`:
+Its families, registered together by :func:`register`:
+
+- **Its settings** (``outbox.E090``-``E093``): ``OUTBOX`` is a dict of known
+  keys with convertible values, and no key a release removed.
 
 - **The fence** (``outbox.E001``/``E002``, tagged ``database``). The fence
   (docs/guarantees.md) rests on two facts the database could be talked out
@@ -42,15 +45,28 @@ from django.core import checks
 from django.db import DatabaseError
 from django.utils.module_loading import import_string
 
+from django_idempotency_outbox.conf import CheckIds, check
+from django_idempotency_outbox.errors import ConfigurationError
 from outbox import store
 from outbox.conf import outbox_settings
 
+#: The ids under which ``OUTBOX`` is reported (docs/settings.md).
+SETTINGS_CHECK_IDS = CheckIds(
+    not_a_dict="outbox.E090", unknown="outbox.E091", invalid="outbox.E092", removed="outbox.E093",
+)
+
 
 def register() -> None:
+    checks.register(check_settings)
     checks.register(check_fence, checks.Tags.database)
     checks.register(check_receivers)
     checks.register(check_relay_broker)
     checks.register(check_tasks_transport)
+
+
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``OUTBOX``: a dict, known keys, convertible values, no key a release removed."""
+    return check(outbox_settings, SETTINGS_CHECK_IDS)
 
 
 # -- the fence ----------------------------------------------------------------
@@ -112,8 +128,16 @@ def check_fence(
 _importing = threading.local()
 
 
+def _settings_unreadable() -> bool:
+    """Whether ``OUTBOX`` cannot be read (not a dict, a bad value): :func:`check_settings` says so."""
+    try:
+        return bool(outbox_settings.invalid_keys())
+    except ConfigurationError:
+        return True
+
+
 def check_receivers(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    if getattr(_importing, "active", False):
+    if getattr(_importing, "active", False) or _settings_unreadable():
         return []
     try:
         from outbox import celery as outbox_celery

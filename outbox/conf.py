@@ -21,7 +21,6 @@ from django_idempotency_outbox.conf import (
     text,
     text_mapping,
 )
-from django_idempotency_outbox.observability import observability_settings  # noqa: F401 (registers it)
 
 
 @dataclass(frozen=True)

@@ -36,9 +36,9 @@ from typing import Any, ClassVar
 from django.db import transaction
 from django.utils.module_loading import import_string
 
-from django_idempotency_outbox import metrics, tracing
+from django_idempotency_outbox import tracing
 from django_idempotency_outbox.durations import backoff
-from outbox import store
+from outbox import metrics, store
 from outbox.conf import outbox_settings
 from outbox.exceptions import ConsumerConfigError
 from outbox.store import HeadFailure

@@ -35,9 +35,9 @@ from typing import Any, TypeVar
 from django.db import transaction
 from django.utils import timezone
 
-from django_idempotency_outbox import metrics, tracing
+from django_idempotency_outbox import tracing
 from django_idempotency_outbox.durations import backoff
-from outbox import signing, store
+from outbox import metrics, signing, store
 from outbox.conf import outbox_settings
 from outbox.stream import Message
 from tenancy import tenant_context

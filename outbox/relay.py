@@ -54,9 +54,9 @@ from datetime import datetime, timedelta
 
 from django.db import connections
 
-from django_idempotency_outbox import metrics, tracing
+from django_idempotency_outbox import tracing
 from django_idempotency_outbox.durations import backoff
-from outbox import signing, store
+from outbox import metrics, signing, store
 from outbox.conf import outbox_settings
 from outbox.consumers import require_cross_tenant_reader
 from outbox.exceptions import RewindRefused

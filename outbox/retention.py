@@ -18,8 +18,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from django_idempotency_outbox import metrics
-from outbox import store
+from outbox import metrics, store
 from outbox.conf import outbox_settings
 from outbox.consumers import configured_consumers
 from tenancy.aliases import system_alias

@@ -12,7 +12,7 @@
 - ``owner``: the owner role; only the test harness uses it (migrate, cleanup).
 
 The library's privileges are not granted by hand: ``migrate`` as the owner
-applies ``tenancy.privileges.MATRIX`` (and, with ``GRANT_PROJECT_TABLES``, the
+applies ``tenancy.privileges.matrix()`` (and, with ``GRANT_PROJECT_TABLES``, the
 test app's and Django's tables), as in a deployment.
 
 ``DIO_POOLED`` puts aliases behind the private pgbouncer (transaction
