@@ -21,16 +21,14 @@ session lock would stay on whichever pooled server session took it.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
 from django.db import connections
 
+from django_idempotency_outbox.leases import owner_id
 from idempotency import metrics, store
 from idempotency.conf import idempotency_settings
 from idempotency.exceptions import ReaperBusy
@@ -145,7 +143,7 @@ class _Lease:
 
     def __init__(self, alias: str) -> None:
         self.alias = alias
-        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.owner = owner_id()
         self.held = False
 
     def renew(self) -> None:

@@ -32,6 +32,7 @@ from django.db import IntegrityError, connections, transaction
 from django.db.models import BooleanField, Count, ExpressionWrapper, Q, Window
 from django.db.models.functions import Coalesce, Now
 
+from django_idempotency_outbox.leases import LeaseRow
 from idempotency.models import IdempotencyKey
 from tenancy.conf import tenancy_settings
 from tenancy.context import search_path_sql, set_tenant_sql
@@ -615,19 +616,10 @@ def _expired(tenant_id: int) -> Q:
 #: The reaper's lease row in ``idempotency_leases`` (idempotency/sql/0006_leases.sql).
 REAPER_LEASE = "reaper"
 
-# Hand-written: a compare-and-set on the lease, by the database clock, each in
-# a transaction of its own (autocommit): it holds through a transaction pooler,
-# where a session advisory lock would stay on a pooled server session.
-_CLAIM_LEASE = """
-UPDATE idempotency_leases
-   SET owner = %(owner)s, until = now() + make_interval(secs => %(seconds)s)
- WHERE name = %(name)s AND (owner = %(owner)s OR until IS NULL OR until < now())
-RETURNING until
-"""
-_LEASE_HOLDER = "SELECT owner, until FROM idempotency_leases WHERE name = %s"
-_RELEASE_LEASE = """
-UPDATE idempotency_leases SET owner = '', until = NULL WHERE name = %s AND owner = %s
-"""
+#: A lease of the library's single-instance jobs, a row of ``idempotency_leases``
+#: (django_idempotency_outbox.leases): claimed and renewed by the same
+#: compare-and-set, each in a transaction of its own (autocommit).
+LEASES = LeaseRow("idempotency_leases", "name = %(name)s", owner="owner", until="until")
 
 
 @dataclass(frozen=True)
@@ -638,23 +630,23 @@ class LeaseHolder:
     until: datetime | None
 
 
-def claim_lease(alias: str, name: str, owner: str, seconds: float) -> LeaseHolder | None:
+def claim_lease(using: str, name: str, owner: str, seconds: float) -> LeaseHolder | None:
     """Take or renew the lease ``name`` for ``seconds``; None when taken, else who holds it."""
-    with connections[alias].cursor() as cursor:
-        cursor.execute(_CLAIM_LEASE, {"owner": owner, "seconds": seconds, "name": name})
+    with connections[using].cursor() as cursor:
+        cursor.execute(LEASES.claim, {"owner": owner, "seconds": seconds, "name": name})
         if cursor.fetchone() is not None:
             return None
-        cursor.execute(_LEASE_HOLDER, [name])
+        cursor.execute(LEASES.holder, {"name": name})
         row = cursor.fetchone()
     if row is None:
         raise RuntimeError(f"lease row {name!r} is missing from idempotency_leases: migrate")
     return LeaseHolder(row[0], row[1])
 
 
-def release_lease(alias: str, name: str, owner: str) -> None:
+def release_lease(using: str, name: str, owner: str) -> None:
     """Give up ``owner``'s lease ``name`` (nothing if it is another's)."""
-    with connections[alias].cursor() as cursor:
-        cursor.execute(_RELEASE_LEASE, [name, owner])
+    with connections[using].cursor() as cursor:
+        cursor.execute(LEASES.release, {"name": name, "owner": owner})
 
 
 # The rows to delete are chosen and locked in the DELETE itself, skipping rows a

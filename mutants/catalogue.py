@@ -327,9 +327,9 @@ CATALOGUE: list[Mutant] = [
         "store.lease-unpinned", "outbox.store",
         "a search_path a worker-role borrower leaves in a pooled session stops no relay",
         "outbox/store.py",
-        "        execute_pinned(cursor, using, _CLAIM_LEASE, [owner, seconds, name, owner])\n"
+        "        execute_pinned(cursor, using, RELAY_LEASE.claim, lease)\n"
         "        row = cursor.fetchone()\n        if row is None:",
-        "        cursor.execute(_CLAIM_LEASE, [owner, seconds, name, owner])\n"
+        "        cursor.execute(RELAY_LEASE.claim, lease)\n"
         "        row = cursor.fetchone()\n        if row is None:",
         ("tests/test_session_state.py",),
     ),
@@ -489,12 +489,12 @@ CATALOGUE: list[Mutant] = [
         (OUTBOX + "test_rewind.py", OUTBOX + "test_failover.py", OUTBOX + "test_relay.py"),
     ),
     mutant(
-        "relay.lease-ignored", "outbox.relay",
-        "one relay works at a time: a running lease keeps the others waiting",
-        "outbox/store.py",
-        "   AND (lease_owner = %s OR lease_until IS NULL OR lease_until < now())",
-        "   AND (lease_owner = %s OR TRUE)",
-        (OUTBOX + "test_failover.py", OUTBOX + "test_relay.py"),
+        "leases.running-lease-ignored", "django_idempotency_outbox.leases",
+        "one relay (and one key reaper) works at a time: a running lease keeps the others waiting",
+        "django_idempotency_outbox/leases.py",
+        'f"   AND ({owner} = %(owner)s OR {until} IS NULL OR {until} < now())\\n"',
+        'f"   AND ({owner} = %(owner)s OR TRUE)\\n"',
+        (OUTBOX + "test_failover.py", OUTBOX + "test_relay.py", IDEM + "test_reaper.py"),
     ),
     mutant(
         "relay.heartbeat-too-slow", "outbox.relay",

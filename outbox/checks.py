@@ -129,7 +129,7 @@ _importing = threading.local()
 
 
 def _settings_unreadable() -> bool:
-    """Whether ``OUTBOX`` cannot be read (not a dict, a bad value): :func:`check_settings` says so."""
+    """Whether ``OUTBOX`` cannot be read (not a dict, a bad value: check_settings says so)."""
     try:
         return bool(outbox_settings.invalid_keys())
     except ConfigurationError:

@@ -43,8 +43,6 @@ compare-and-set on the old position and the lease fails.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
@@ -56,6 +54,7 @@ from django.db import connections
 
 from django_idempotency_outbox import tracing
 from django_idempotency_outbox.durations import backoff
+from django_idempotency_outbox.leases import owner_id
 from outbox import metrics, signing, store
 from outbox.conf import outbox_settings
 from outbox.consumers import require_cross_tenant_reader
@@ -176,7 +175,7 @@ class Relay:
         self.name = name or outbox_settings.RELAY_NAME
         self.offset_name = f"relay:{self.name}"
         self.batch_size = batch_size or outbox_settings.RELAY_BATCH_SIZE
-        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.owner = owner_id()
         self.alias = system_alias()  # reads the stream across tenants
         self.lease_alias = worker_alias()  # the offset row: lease, heartbeat, advance
         self.stop = threading.Event()
