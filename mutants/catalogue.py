@@ -210,8 +210,8 @@ CATALOGUE: list[Mutant] = [
         "flow.safe-bypass-deleted", "idempotency.flow",
         "safe methods (GET, HEAD, OPTIONS) need no key and run as the tenant",
         "idempotency/flow.py",
-        "    if request.method in SAFE_METHODS:\n        tenant_id = get_tenant()",
-        "    if False:\n        tenant_id = get_tenant()",
+        "    if request.method in SAFE_METHODS:\n        tenant_id = view.tenant()",
+        "    if False:\n        tenant_id = view.tenant()",
         (I_CLAIMS, IDEM + "test_contract.py", IDEM + "test_decorator.py"),
     ),
     mutant(
@@ -229,8 +229,8 @@ CATALOGUE: list[Mutant] = [
         "flow.optional-key-outside-tenant", "idempotency.flow",
         "a view with an optional key runs as the tenant without one",
         "idempotency/flow.py",
-        "        with tenant_context(tenant_id, using=app_alias()):\n            return view()",
-        "        if True:\n            return view()",
+        "        with tenant_context(tenant_id, using=app_alias()):\n            return view.run()",
+        "        if True:\n            return view.run()",
         (IDEM + "test_contract.py",),
     ),
     # --- idempotency: phases -------------------------------------------------------------
