@@ -353,6 +353,10 @@ def test_an_insert_that_names_its_own_id_is_refused():
                              [A, last - 1])
 
 
+@pytest.mark.direct_sessions(reason="takes session-level advisory locks on purpose: through "
+                             "pgbouncer they stay on pooled server sessions that later tests "
+                             "borrow (tests/test_session_state.py proves the same claim through "
+                             "a pooler of its own)")
 @pytest.mark.parametrize("form", ["bound, shared", "bound, exclusive", "tenant", "all three"])
 def test_a_session_lock_left_behind_holds_nothing_back(form):
     """Advisory locks that look like a publisher's marks, kept by a session after its
@@ -376,6 +380,10 @@ def test_a_session_lock_left_behind_holds_nothing_back(form):
             assert status().publishers == [] and status().held_back == 0
 
 
+@pytest.mark.direct_sessions(reason="takes session-level advisory locks on purpose: through "
+                             "pgbouncer they stay on pooled server sessions that later tests "
+                             "borrow (tests/test_session_state.py proves the same claim through "
+                             "a pooler of its own)")
 def test_a_session_lock_left_behind_delays_only_during_a_publishing_transaction_of_its_session():
     """Inside a transaction of that session that does publish, a stray mark counts, for as
     long as that transaction: a delay of one transaction, never a freeze."""
@@ -389,6 +397,10 @@ def test_a_session_lock_left_behind_delays_only_during_a_publishing_transaction_
         assert uuid.UUID(late) in readable()  # and no longer once it has ended
 
 
+@pytest.mark.direct_sessions(reason="takes session-level advisory locks on purpose: through "
+                             "pgbouncer they stay on pooled server sessions that later tests "
+                             "borrow (tests/test_session_state.py proves the same claim through "
+                             "a pooler of its own)")
 @pytest.mark.parametrize("key", ["the tenant's", "the bound's"])
 def test_a_key_held_exclusively_by_someone_else_blocks_no_publisher_and_passes_nothing(key):
     """Advisory locks belong to no one: a session may hold a mark's key exclusively.
