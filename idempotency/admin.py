@@ -19,7 +19,7 @@ from django.db.models.functions import Now
 from django.http import HttpRequest
 
 from idempotency import store
-from idempotency.conf import idempotency_settings
+from idempotency.conf import STUCK_AFTER
 from idempotency.models import IdempotencyKeyRecord
 from tenancy.aliases import admin_alias
 
@@ -30,8 +30,8 @@ else:
 
 
 def stuck_condition() -> Q:
-    """Pending, nothing working on it (no live lease), older than ``STUCK_AFTER``."""
-    return store.stuck(idempotency_settings.STUCK_AFTER)
+    """Pending, nothing working on it (no live lease), claimed more than an hour ago."""
+    return store.stuck(STUCK_AFTER)
 
 
 class StuckFilter(admin.SimpleListFilter):

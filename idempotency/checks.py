@@ -15,10 +15,12 @@ from idempotency import phases, store
 from idempotency.conf import idempotency_settings
 from tenancy.conf import tenancy_settings
 
-#: The ids under which ``IDEMPOTENCY`` is reported (docs/settings.md).
+#: The ids under which ``IDEMPOTENCY`` is reported (docs/settings.md): a value it
+#: cannot take (the dict itself included), a key it does not take (unknown, or
+#: removed: the message names what replaces it).
 SETTINGS_CHECK_IDS = CheckIds(
-    not_a_dict="idempotency.E090", unknown="idempotency.E091", invalid="idempotency.E092",
-    removed="idempotency.E093",
+    not_a_dict="idempotency.E090", invalid="idempotency.E090",
+    unknown="idempotency.E091", removed="idempotency.E091",
 )
 
 

@@ -30,7 +30,7 @@ from django.http import HttpRequest, HttpResponse
 
 from django_idempotency_outbox import tracing
 from idempotency import core, inputs, metrics
-from idempotency.conf import idempotency_settings
+from idempotency.conf import HEADER, STATUS_KEY_INVALID, STATUS_KEY_MISSING, idempotency_settings
 from idempotency.exceptions import RequestRefused
 from idempotency.responses import (
     answer,
@@ -207,18 +207,18 @@ def check_request(view: KeyedView) -> tuple[str | None, int] | HttpResponse:
         return no_tenant_response()
     s = idempotency_settings
     required = s.REQUIRED if view.required is None else view.required
-    header = view.request.headers.get(s.HEADER)
+    header = view.request.headers.get(HEADER)
     key: str | None = None
     if header is None:
         if required:
             return problem_response(
-                s.STATUS_KEY_MISSING,
+                STATUS_KEY_MISSING,
                 "idempotency_key_missing",
-                f"This operation requires an {s.HEADER} header.",
+                f"This operation requires an {HEADER} header.",
             )
     else:
         try:
             key = view.parse_key(header)
         except core.InvalidKey as exc:
-            return problem_response(s.STATUS_KEY_INVALID, "idempotency_key_invalid", str(exc))
+            return problem_response(STATUS_KEY_INVALID, "idempotency_key_invalid", str(exc))
     return key, tenant_id

@@ -2,8 +2,9 @@
 
 Its families, registered together by :func:`register`:
 
-- **Its settings** (``outbox.E090``-``E093``): ``OUTBOX`` is a dict of known
-  keys with convertible values, and no key a release removed.
+- **Its settings** (``outbox.E090``, ``E091``): ``OUTBOX`` is a dict of
+  convertible values, of keys it takes (a removed key is named with what
+  replaces it).
 
 - **The fence** (``outbox.E001``/``E002``, tagged ``database``). The fence
   (docs/guarantees.md) rests on two facts the database could be talked out
@@ -50,9 +51,11 @@ from django_idempotency_outbox.errors import ConfigurationError
 from outbox import store
 from outbox.conf import outbox_settings
 
-#: The ids under which ``OUTBOX`` is reported (docs/settings.md).
+#: The ids under which ``OUTBOX`` is reported (docs/settings.md): a value it
+#: cannot take (the dict itself included), a key it does not take (unknown, or
+#: removed: the message names what replaces it).
 SETTINGS_CHECK_IDS = CheckIds(
-    not_a_dict="outbox.E090", unknown="outbox.E091", invalid="outbox.E092", removed="outbox.E093",
+    not_a_dict="outbox.E090", invalid="outbox.E090", unknown="outbox.E091", removed="outbox.E091",
 )
 
 
@@ -197,7 +200,7 @@ def check_tasks_transport(app_configs: Any = None, **kwargs: Any) -> list[checks
         return [checks.Error(
             f"Could not load the Django tasks the outbox enqueues to: {type(exc).__name__}: "
             f"{exc}",
-            hint='OUTBOX["TASKS_TASK"] and OUTBOX["TASKS_TOPIC_TASKS"] name them '
+            hint='OUTBOX["TASKS_TASK"] names them '
             "(docs/django-tasks.md).",
             id="outbox.E120",
         )]

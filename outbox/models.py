@@ -157,7 +157,7 @@ class ConsumerFailure(models.Model):
 
 
 class DeadLetter(models.Model):
-    """A message a consumer gave up on after ``MAX_ATTEMPTS``, kept for people.
+    """A message a consumer gave up on after its ``max_attempts``, kept for people.
 
     A copy of the message, so the reaper may delete the original. Re-driving
     runs the consumer's handler again and deletes the row in the same

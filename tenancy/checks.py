@@ -68,7 +68,7 @@ def _is_postgresql(alias: str) -> bool:
 #: package's OBSERVABILITY): each app reports its own dict under its own ids.
 SETTINGS_CHECK_IDS = CheckIds(
     not_a_dict="tenancy.E001", unknown="tenancy.E002", invalid="tenancy.E007",
-    removed="tenancy.E031",
+    removed="tenancy.E002",  # a key it does not take, the message naming what replaces it
 )
 
 

@@ -161,8 +161,7 @@ VERIFIED_CONTEXT_KEY = {"KEY_ID": "tests-1", "KEY": "tests-only-verified-context
 if os.environ.get("DIO_VERIFIED_CONTEXT"):
     TENANCY["VERIFIED_CONTEXT"] = VERIFIED_CONTEXT_KEY
 
-# The reaper's pause between batches is tested on its own (test_reaper.py).
-IDEMPOTENCY: dict[str, Any] = {"REAP_PAUSE": 0}
+IDEMPOTENCY: dict[str, Any] = {}
 
 LOGGING = {
     "version": 1,
@@ -179,9 +178,6 @@ OUTBOX: dict[str, Any] = {
         "tests.outbox.consumers.PartitionedRecorder",
         "tests.outbox.consumers.SlowRecorder",
     ],
-    "RETRY_BACKOFF": 0,
-    "BROKER_BACKOFF": 0.01,
-    "DATABASE_BACKOFF": 0.2,
     "CELERY_APP": "tests.outbox.celery_app.app",
     "CELERY_TASK": "tests.outbox.receive_order",
     "CELERY_QUEUE": os.environ.get("DIO_CELERY_QUEUE", "dio-outbox-tests"),

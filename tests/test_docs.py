@@ -26,6 +26,24 @@ def test_every_setting_is_documented_in_settings_md():
     assert missing == []
 
 
+def _row(namespace: str, key: str, replacement: str) -> str:
+    escaped = replacement.replace("|", "\\|")
+    return f'| `{namespace}["{key}"]` | {escaped} |'
+
+
+def test_every_removed_setting_is_in_the_removed_table_with_its_replacement():
+    """A key a release removed is reported by check (tests/shared/test_conf.py) and listed."""
+    text = (DOCS / "settings.md").read_text()
+    table = text[text.index("## Removed settings"):]
+    missing = [
+        f"{s.name}[{key!r}]" for s in registered() for key, replacement in s.removed.items()
+        if _row(s.name, key, replacement) not in table
+    ]
+    assert missing == []
+    current = [f'`{s.name}["{key}"]`' for s in registered() for key in s.defaults]
+    assert [name for name in current if name in table] == []
+
+
 def test_every_command_is_documented_in_commands_md():
     text = (DOCS / "commands.md").read_text()
     ours = sorted(name for name, app in get_commands().items() if app in LIBRARY_APPS)

@@ -236,8 +236,7 @@ def test_relay_outbox_once_reports_the_messages_it_sent(settings, capsys):
 
 
 def test_the_reap_task_reports_what_it_deleted(settings):
-    settings.OUTBOX = {**settings.OUTBOX, "CONSUMERS": [], "RELAY": True,
-                       "RETENTION": 0, "RECEIVED_RETENTION": 0}
+    settings.OUTBOX = {**settings.OUTBOX, "CONSUMERS": [], "RETENTION": 0}
     publish_many(A, "t", [{"n": n} for n in range(3)])
     relay = Relay(InMemoryTransport())  # the one reader: it passes all three
     try:

@@ -184,8 +184,8 @@ def test_queues_of_several_lists_and_priorities_in_one_batch(settings):
     app = Celery("wire", broker=django_settings.CELERY_BROKER_URL, set_as_current=False)
     app.conf.task_queues = [Queue(n, Exchange(n), routing_key=n) for n in names]
     app.conf.task_routes = {"t.first": {"queue": names[0]}, "t.second": {"queue": names[1]}}
-    settings.OUTBOX = {**settings.OUTBOX, "CELERY_QUEUE": None, "CELERY_TASK": "t.first",
-                       "CELERY_TOPIC_TASKS": {"second": "t.second"}}
+    settings.OUTBOX = {**settings.OUTBOX, "CELERY_QUEUE": None,
+                       "CELERY_TASK": {"second": "t.second", "*": "t.first"}}
     ids = publish_many(A, "first", [{"n": n} for n in range(3)])
     ids += publish_many(A, "second", [{"n": n} for n in range(2)])
     transport = CeleryTransport(app)
