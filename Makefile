@@ -8,8 +8,15 @@
 #                           are skipped there, with their reason
 #   make test-app-alias     the same suites with the aliases named other than "default"
 #                           (tests/settings_app_alias.py: nothing may assume "default")
+#   make test-variants      the idempotency, tenancy and outbox suites (and the session-state
+#                           tests) once more, in every deployment variant at once: every
+#                           alias through pgbouncer (as test-pooled), the aliases named
+#                           other than default (as test-app-alias), the verified tenant
+#                           context (as test-verified); what CI runs after make test
 #   make test-matrix        tox: the upstream-pinning tests and the contract on the oldest
-#                           and newest allowed Django, DRF, psycopg, Celery/kombu (tox.ini)
+#                           allowed Django, DRF, psycopg, Celery/kombu (tox.ini; the newest
+#                           are make test's own, installed from pyproject.toml's ranges,
+#                           and Django 6.0 is test-django60's)
 #   make test-django60      tox's django60 environment (Django 6.0) on a Python >= 3.12,
 #                           or a plain line saying why it did not run
 #   make test-verified      the same suites in the verified tenant context (DIO_VERIFIED_CONTEXT=1:
@@ -25,7 +32,9 @@
 #   make soak               the example shop under load and faults, then its invariants
 #                           (ARGS="--duration 600 --seed 1 ..."; BROKER=rabbitmq for
 #                           RabbitMQ in place of Redis; see docs/operations.md)
-#   make lint               ruff and mypy (strict)
+#   make lint               ruff, mypy (strict), the import contract (lint-imports: the
+#                           layers of pyproject.toml's [tool.importlinter]) and the
+#                           mutant catalogue still matching the code
 #   make mutants            the catalogue of claim-breaking edits (mutants/catalogue.py),
 #                           each applied in a scratch copy with its tests run; not part of
 #                           make test (about an hour). MUTANTS_ARGS="ID ..." or
@@ -73,12 +82,24 @@ test-app-alias: $(STAMP)
 	@DJANGO_SETTINGS_MODULE=tests.settings_app_alias \
 		scripts/services run pg redis rabbitmq -- $(BIN)/python -m pytest tests/tenancy tests/idempotency tests/outbox $(PYTEST_ARGS)
 
+# Every deployment variant in one pass: every alias behind pgbouncer, the aliases renamed
+# (tests/settings_app_alias.py) and the verified tenant context. Each variant's own
+# target stays for a run of its own; CI runs this one after make test (docs/contributing.md).
+.PHONY: test-variants
+test-variants: $(STAMP)
+	@DIO_POOLED=app,worker,system DIO_VERIFIED_CONTEXT=1 DJANGO_SETTINGS_MODULE=tests.settings_app_alias \
+		scripts/services run pg redis rabbitmq pgbouncer -- \
+		$(BIN)/python -m pytest tests/idempotency tests/tenancy tests/outbox \
+		tests/test_session_state.py $(PYTEST_ARGS)
+
 # The version matrix (tox.ini): the tests that pin other projects' behaviour, and the
-# contract, on the oldest and on the newest Django 5.2.x, DRF, psycopg 3.x and Celery/kombu
-# 5.x that pyproject.toml allows. Each environment starts its own services.
+# contract, on the oldest Django 5.2.x, DRF, psycopg 3.x and Celery/kombu 5.x that
+# pyproject.toml allows (tests/upstream/oldest.txt). The newest are make test's own:
+# its virtualenv installs them from pyproject.toml's ranges (tox -e newest runs them
+# apart); Django 6.0 is make test-django60's.
 .PHONY: test-matrix
 test-matrix: $(TOX_STAMP)
-	@$(BIN)/tox --recreate -e oldest,newest $(TOX_ARGS)
+	@$(BIN)/tox --recreate -e oldest $(TOX_ARGS)
 
 # Django 6.0 (tox's django60 environment) needs Python >= 3.12: the first one found
 # on the path (python3.14 ... python3.12), else one pyenv has installed. Without any,
@@ -135,6 +156,7 @@ mutants: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check idempotency tenancy outbox django_idempotency_outbox tests bench mutants
 	$(BIN)/mypy idempotency tenancy outbox django_idempotency_outbox
+	$(BIN)/lint-imports
 	$(BIN)/python -m mutants.run --check
 
 # The docs tools live in their own group and stamp, so `make test` stays lean.

@@ -88,20 +88,19 @@ end
 
 #: The reaper's process: per-batch timings from the progress callback, then
 #: the report, as JSON on the last line. ``--pause-ms`` overrides the library's
-#: pause between batches (default: the shipped ``REAP_PAUSE`` default, not the
-#: test settings' 0). ``--async-commit`` runs the
-#: reaper's session with ``synchronous_commit=off`` (PGOPTIONS): its commits
-#: then do not wait for the WAL flush (a batch lost in a crash is reaped again).
+#: pause between batches (default: the reaper's own, ``idempotency.conf.REAP_PAUSE``).
+#: ``--async-commit`` runs the reaper's session with ``synchronous_commit=off``
+#: (PGOPTIONS): its commits then do not wait for the WAL flush (a batch lost in
+#: a crash is reaped again).
 CHILD = """
 import json, os, sys, time
 sys.path.insert(0, os.getcwd())
 import django
 django.setup()
-from idempotency.conf import IdempotencySettings
+from idempotency.conf import REAP_BATCH_SIZE, REAP_PAUSE
 from idempotency.reaper import reap_expired_keys
-DEFAULTS = IdempotencySettings().defaults
-size = int(sys.argv[1]) or DEFAULTS["REAP_BATCH_SIZE"]
-pause = DEFAULTS["REAP_PAUSE"] if sys.argv[2] == "default" else float(sys.argv[2]) / 1000
+size = int(sys.argv[1]) or REAP_BATCH_SIZE
+pause = REAP_PAUSE if sys.argv[2] == "default" else float(sys.argv[2]) / 1000
 marks = [time.monotonic()]
 gaps = []
 def progress(line):
@@ -263,9 +262,9 @@ def main() -> None:
                         help="pause of each connection between its requests")
     parser.add_argument("--workers", type=int, default=4, help="gunicorn workers")
     parser.add_argument("--batch-size", type=int, default=None,
-                        help='rows per reaper batch (default: IDEMPOTENCY["REAP_BATCH_SIZE"])')
+                        help="rows per reaper batch (default: the reaper's, 100)")
     parser.add_argument("--pause-ms", type=float, default=None,
-                        help='pause between batches (default: IDEMPOTENCY["REAP_PAUSE"])')
+                        help="pause between batches (default: the reaper's, 10 ms)")
     parser.add_argument("--async-commit", action="store_true",
                         help="run the reaper's session with synchronous_commit=off (experiment)")
     parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
@@ -281,9 +280,9 @@ def main() -> None:
     seconds = insert_expired(args.keys, args.tenants)
     log(f"inserted {args.keys:,} expired keys over {args.tenants} tenants in {seconds:.1f} s")
     if args.explain:
-        from idempotency.conf import idempotency_settings
+        from idempotency.conf import REAP_BATCH_SIZE
 
-        log(explain_batch(1, args.batch_size or idempotency_settings.REAP_BATCH_SIZE))
+        log(explain_batch(1, args.batch_size or REAP_BATCH_SIZE))
 
     from tests.live import free_port
 

@@ -16,5 +16,4 @@ OUTBOX = {
     "CELERY_APP": "bench.outbox_app.celery",
     "CELERY_TASK": "bench.receive",
     "CELERY_QUEUE": "dio-bench-outbox",
-    "RELAY_NAME": "bench",
 }

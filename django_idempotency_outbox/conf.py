@@ -17,18 +17,22 @@ after the settings dict changed, and the converted value is kept until the
 dict is replaced: ``override_settings`` and pytest-django's ``settings``
 fixture take effect at once; mutating the dict in place does not. A value
 that cannot be converted is a ``manage.py check`` error naming the key
-(:func:`check_settings`), so a typo fails at deploy time, not on the first
-request.
+(:func:`check`, which each app registers under its own check ids), so a typo
+fails at deploy time, not on the first request. A key a release removed is
+listed in the class's :attr:`AppSettings.removed`, with what replaces it: the
+check names the replacement rather than calling the key unknown.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from types import MappingProxyType
 from typing import Any, ClassVar, Generic, TypeVar, overload
 
 from django.conf import settings
+from django.core import checks
 from django.utils.functional import empty
 
 from django_idempotency_outbox.durations import as_seconds, as_timedelta
@@ -81,6 +85,8 @@ class AppSettings:
     """
 
     namespace: ClassVar[str] = ""
+    #: Keys earlier releases had, each with what replaces it (a sentence).
+    removed: ClassVar[dict[str, str]] = {}
     _declared: ClassVar[dict[str, Setting[Any]]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -152,8 +158,13 @@ class AppSettings:
         return converted
 
     def unknown_keys(self) -> list[str]:
-        """Keys of the user's dict that this app does not know (typos)."""
-        return sorted(set(self.user_settings()) - set(self._declared))
+        """Keys of the user's dict that this app does not know (typos), removed ones aside."""
+        return sorted(set(self.user_settings()) - set(self._declared) - set(self.removed))
+
+    def removed_keys(self) -> dict[str, str]:
+        """Keys of the user's dict that a release removed, each with what replaces it."""
+        return {key: self.removed[key] for key in sorted(self.user_settings())
+                if key in self.removed}
 
     def invalid_keys(self) -> dict[str, str]:
         """Each key whose value cannot be converted, with the reason."""
@@ -185,6 +196,55 @@ _registry: list[AppSettings] = []
 def registered() -> list[AppSettings]:
     """The settings objects of the apps imported so far."""
     return list(_registry)
+
+
+@dataclass(frozen=True)
+class CheckIds:
+    """The check ids under which an app reports its own settings dict."""
+
+    not_a_dict: str
+    unknown: str
+    invalid: str
+    removed: str
+
+
+def check(app_settings: AppSettings, ids: CheckIds) -> list[checks.CheckMessage]:
+    """``manage.py check``'s findings about one settings dict, under its app's ids.
+
+    Not a dict; a key nobody knows (the known ones in the hint); a key a
+    release removed (what replaces it); a value that cannot be converted (why).
+    """
+    try:
+        unknown = app_settings.unknown_keys()
+        removed = app_settings.removed_keys()
+        invalid = app_settings.invalid_keys()
+    except ConfigurationError as exc:  # not a dict
+        return [checks.Error(str(exc), id=ids.not_a_dict)]
+    errors: list[checks.CheckMessage] = [
+        checks.Error(
+            f"Unknown setting {app_settings.name}[{key!r}].",
+            hint=f"Known settings: {', '.join(sorted(app_settings.defaults))}.",
+            id=ids.unknown,
+        )
+        for key in unknown
+    ]
+    errors.extend(
+        checks.Error(
+            f"{app_settings.label(key)} was removed: {replacement}",
+            hint="Remove the key (docs/settings.md, \"Removed settings\").",
+            id=ids.removed,
+        )
+        for key, replacement in removed.items()
+    )
+    errors.extend(
+        checks.Error(
+            f"Invalid setting {app_settings.label(key)}: {problem}",
+            hint="docs/settings.md lists each setting's type and default.",
+            id=ids.invalid,
+        )
+        for key, problem in sorted(invalid.items())
+    )
+    return errors
 
 
 # --- converters ----------------------------------------------------------------

@@ -1,248 +1,134 @@
 """Prometheus metrics, through ``prometheus_client`` (the optional ``[metrics]`` extra).
 
-The library counts at a few points (the request flow, ``publish()``, the
-relay, the consumers, the receivers, the reaper and the completer) by calling
-the functions of this module. Each of them first asks :func:`instruments`,
-which is None when ``OBSERVABILITY["METRICS"]`` is off or ``prometheus_client``
-is not installed: then nothing is imported and a call costs one settings
-lookup.
+The machinery only: each app declares what it counts and what it reads at
+scrape time (:mod:`idempotency.metrics`, :mod:`outbox.metrics`), and this
+module serves whatever they registered.
 
-Gauges that need SQL (reader lag, the transaction holding delivery back,
-parked messages) are not kept up to date by anyone: :class:`OutboxCollector`
-reads them at scrape time, on the system alias (or
-``OBSERVABILITY["METRICS_DATABASE"]``), through :mod:`outbox.status`'s store
-queries. Serve them with :func:`metrics_view` (a Django view) or, in the
-long-running commands, ``--metrics-port`` (:func:`serve`).
+- :class:`Instruments`: an app's counters and histograms, one subclass per
+  app, made once per process. ``SubClass.get()`` is None when
+  ``OBSERVABILITY["METRICS"]`` is off or ``prometheus_client`` is not
+  installed: then nothing is imported, and a count costs one settings lookup.
+- :func:`add_collector`: gauges an app reads from the database when
+  Prometheus scrapes (the outbox's lag, the transactions that hold delivery
+  back, parked messages), rather than keeping them up to date.
+- :func:`upkeep`: the counters every upkeep job shares (runs, rows), by job.
 
-Several processes (gunicorn workers): set ``PROMETHEUS_MULTIPROC_DIR`` to an
-empty directory before the workers start, and call :func:`child_exit` from
-gunicorn's ``child_exit`` hook; :func:`metrics_view` then adds up every
-process's counters (prometheus_client's multiprocess mode). docs/operations.md
-has the whole setup and the alerts as PromQL.
+Serve them with :func:`metrics_view` (a Django view) or, in the long-running
+commands, ``--metrics-port`` (:func:`serve`). Several processes (gunicorn
+workers): set ``PROMETHEUS_MULTIPROC_DIR`` to an empty directory before the
+workers start, and call :func:`child_exit` from gunicorn's ``child_exit``
+hook; :func:`metrics_view` then adds up every process's counters
+(prometheus_client's multiprocess mode). docs/operations.md has the whole
+setup and the alerts as PromQL.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from django_idempotency_outbox.observability import observability_settings
 
 if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponse
 
-logger = logging.getLogger("django_idempotency_outbox")
-
-#: Outcomes of a keyed request, the values of the ``outcome`` label.
-OUTCOMES = ("executed", "replayed", "mismatch", "in_progress", "refused")
-
 #: Latency buckets, in seconds (from a replay's ~1 ms to a slow handler).
-_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+#: Making instruments twice raises (prometheus_client refuses a name twice):
+#: threads of one worker may ask first at the same time.
+_registering = threading.Lock()
+
+#: Every kind of instruments declared so far (one per app, and the upkeep's).
+_kinds: list[type[Instruments]] = []
+
+#: Factories of the collectors read at scrape time (:func:`add_collector`).
+_collectors: list[Callable[[], Any]] = []
 
 
 class Instruments:
-    """The library's counters and histograms, registered once per process."""
+    """Base class of one app's counters and histograms, made once per process.
 
+    A subclass creates its ``prometheus_client`` metrics in ``__init__``
+    (importing ``prometheus_client`` there, never at module level); the app
+    asks :meth:`get` before each count.
+    """
+
+    _instance: ClassVar[Instruments | None] = None
+    _unavailable: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._instance = None
+        cls._unavailable = False
+        _kinds.append(cls)
+
+    @classmethod
+    def get(cls) -> Self | None:
+        """The instruments, or None when metrics are off or prometheus_client is missing."""
+        instance = cls._instance
+        if instance is not None:
+            return instance if observability_settings.METRICS else None  # type: ignore[return-value]
+        if cls._unavailable or not observability_settings.METRICS:
+            return None
+        with _registering:
+            if cls._instance is None and not cls._unavailable:
+                try:
+                    cls._instance = cls()
+                except ImportError:
+                    cls._unavailable = True
+                    return None
+        return cls._instance  # type: ignore[return-value]
+
+
+def register() -> bool:
+    """Make every declared kind of instruments now; False when metrics are unavailable.
+
+    Apps call it from ``AppConfig.ready()``, so that a Celery pool process or
+    a gunicorn worker forked afterwards inherits them and no request or task
+    pays for importing prometheus_client; a scrape calls it too, so that every
+    series shows from the start.
+    """
+    made = [kind.get() for kind in list(_kinds)]
+    return bool(made) and all(m is not None for m in made)
+
+
+def add_collector(factory: Callable[[], Any]) -> None:
+    """Read ``factory()``'s gauges at every scrape (once per factory, whoever asks twice)."""
+    if factory not in _collectors:
+        _collectors.append(factory)
+
+
+# -- the upkeep jobs' counters, shared by every app's jobs --------------------------
+
+
+class UpkeepInstruments(Instruments):
     def __init__(self) -> None:
-        from prometheus_client import Counter, Histogram
+        from prometheus_client import Counter
 
-        self.requests = Counter(
-            "dio_idempotency_requests", "Requests with an Idempotency-Key, by scope and outcome.",
-            ["scope", "outcome"],
-        )
-        self.handler_seconds = Histogram(
-            "dio_idempotency_handler_seconds", "Time in the view's handler, under a key.",
-            ["scope"], buckets=_BUCKETS,
-        )
-        self.store_seconds = Histogram(
-            "dio_idempotency_store_seconds",
-            "Time in the library around the handler: key lookup, stored answer, commit.",
-            ["scope"], buckets=_BUCKETS,
-        )
-        self.published = Counter(
-            "dio_outbox_published", "Messages committed by publish(), by topic.", ["topic"]
-        )
-        self.relayed = Counter(
-            "dio_outbox_relayed", "Messages the relay sent to the broker.", ["relay"]
-        )
-        self.consumed = Counter(
-            "dio_outbox_consumed", "Messages whose handling committed, by consumer or receiver.",
-            ["consumer"],
-        )
-        self.parked = Counter(
-            "dio_outbox_parked", "Messages parked in the dead-letter table.", ["consumer"]
-        )
-        self.runs = Counter(
-            "dio_upkeep_runs", "Runs of the upkeep jobs.", ["job"]
-        )
-        self.upkeep_rows = Counter(
+        self.runs = Counter("dio_upkeep_runs", "Runs of the upkeep jobs.", ["job"])
+        self.rows = Counter(
             "dio_upkeep_rows", "Rows the upkeep jobs deleted or finished.", ["job"]
         )
 
 
-_instruments: Instruments | None = None
-_unavailable = False
-#: Registering twice raises: threads of one worker may ask first at the same time.
-_registering = threading.Lock()
-
-
-def instruments() -> Instruments | None:
-    """The counters, or None when metrics are off or prometheus_client is missing."""
-    global _instruments, _unavailable
-    if _instruments is not None:
-        return _instruments if observability_settings.METRICS else None
-    if _unavailable or not observability_settings.METRICS:
-        return None
-    with _registering:
-        if _instruments is None and not _unavailable:
-            try:
-                _instruments = Instruments()
-            except ImportError:
-                _unavailable = True
-                return None
-    return _instruments
-
-
-# -- the points the library calls ----------------------------------------------
-
-
-def request(scope: str, outcome: str) -> None:
-    m = instruments()
-    if m is not None:
-        m.requests.labels(scope, outcome).inc()
-
-
-@contextmanager
-def timed_request(scope: str) -> Iterator[list[float]]:
-    """Times a keyed request; the caller adds the handler's seconds to the list it gets."""
-    m = instruments()
-    handler: list[float] = []
-    if m is None:
-        yield handler
-        return
-    started = time.perf_counter()
-    try:
-        yield handler
-    finally:
-        total = time.perf_counter() - started
-        spent = sum(handler)
-        if handler:
-            m.handler_seconds.labels(scope).observe(spent)
-        m.store_seconds.labels(scope).observe(max(total - spent, 0.0))
-
-
-def published(topic: str) -> None:
-    m = instruments()
-    if m is not None:
-        m.published.labels(topic).inc()
-
-
-def relayed(relay: str, count: int) -> None:
-    m = instruments()
-    if m is not None and count:
-        m.relayed.labels(relay).inc(count)
-
-
-def consumed(consumer: str, count: int = 1) -> None:
-    m = instruments()
-    if m is not None and count:
-        m.consumed.labels(consumer).inc(count)
-
-
-def parked(consumer: str) -> None:
-    m = instruments()
-    if m is not None:
-        m.parked.labels(consumer).inc()
-
-
 def upkeep(job: str, rows: int = 0) -> None:
     """One run of an upkeep job (``reap_keys``, ``complete_keys``, ``reap_outbox``)."""
-    m = instruments()
+    m = UpkeepInstruments.get()
     if m is not None:
         m.runs.labels(job).inc()
         if rows:
-            m.upkeep_rows.labels(job).inc(rows)
+            m.rows.labels(job).inc(rows)
 
 
-# -- the scrape-time gauges -----------------------------------------------------
+def available() -> bool:
+    """Whether metrics are on and prometheus_client is installed."""
+    return UpkeepInstruments.get() is not None
 
 
-class OutboxCollector:
-    """Reads the outbox's gauges from the database when Prometheus scrapes.
-
-    One scrape is a handful of indexed queries on one connection of the
-    system alias (closed afterwards: a scrape may run in a thread of its
-    own). If the database cannot be read, the scrape still answers, with
-    ``dio_outbox_scrape_ok 0`` and without the gauges.
-    """
-
-    def collect(self) -> Iterator[Any]:
-        from django.db import connections
-        from prometheus_client.core import GaugeMetricFamily
-
-        from outbox.status import observe
-        from tenancy.aliases import system_alias
-
-        ok = GaugeMetricFamily("dio_outbox_scrape_ok", "1 when the outbox gauges were read.")
-        try:
-            alias = system_alias(observability_settings.METRICS_DATABASE)
-            try:
-                seen = observe(alias)
-            finally:
-                connections[alias].close()
-        except Exception as exc:  # a database error or a misconfigured alias: still answer
-            logger.warning("metrics: could not read the outbox gauges: %s",
-                           str(exc).strip().splitlines()[0] if str(exc).strip() else exc)
-            ok.add_metric([], 0)
-            yield ok
-            return
-        ok.add_metric([], 1)
-        yield ok
-        behind = GaugeMetricFamily(
-            "dio_outbox_lag_messages",
-            "Committed messages a reader has not passed yet (held back or not).",
-            labels=["reader", "partition"])
-        lag = GaugeMetricFamily(
-            "dio_outbox_lag_seconds",
-            "Age of the first committed message a reader has not passed (0: none).",
-            labels=["reader", "partition"])
-        lease = GaugeMetricFamily(
-            "dio_outbox_relay_lease_seconds",
-            "Seconds left on a relay's lease; negative once it has run out (a relay died).",
-            labels=["relay"])
-        for r in seen.readers:
-            labels = [r.name, str(r.partition)]
-            behind.add_metric(labels, r.behind)
-            lag.add_metric(labels, r.lag.total_seconds() if r.lag else 0.0)
-            if r.is_relay and r.lease_left is not None:
-                lease.add_metric([r.name.removeprefix("relay:")], r.lease_left)
-        yield behind
-        yield lag
-        yield lease
-        held = GaugeMetricFamily(
-            "dio_outbox_held_back_messages",
-            "Committed messages waiting for an open transaction that published for their "
-            "tenant to end.")
-        held.add_metric([], seen.held_back)
-        yield held
-        age = GaugeMetricFamily(
-            "dio_outbox_blocker_age_seconds",
-            "Age of the oldest open transaction that published (0: none); it holds back "
-            "its own tenants' later messages.")
-        ages = [p.age.total_seconds() for p in seen.publishers if p.age is not None]
-        age.add_metric([], max(ages, default=0.0))
-        yield age
-        parked_now = GaugeMetricFamily(
-            "dio_outbox_parked_messages", "Messages in the dead-letter table, by consumer.",
-            labels=["consumer"])
-        for name, count in sorted(seen.parked.items()):
-            parked_now.add_metric([name], count)
-        yield parked_now
+# -- serving -------------------------------------------------------------------------
 
 
 class _Union:
@@ -258,22 +144,20 @@ class _Union:
 
 def registry(*, gauges: bool = True) -> Any:
     """What one scrape exposes: this process's metrics (or, in multiprocess
-    mode, every process's), plus the outbox gauges when ``gauges``."""
+    mode, every process's), plus the apps' scrape-time gauges when ``gauges``."""
     from prometheus_client import REGISTRY, CollectorRegistry
 
     scrape = CollectorRegistry(auto_describe=False)
+    collectors = [factory() for factory in _collectors] if gauges else []
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
 
         # prometheus_client's multiprocess module is unannotated
         multiprocess.MultiProcessCollector(scrape)  # type: ignore[no-untyped-call]
-        if gauges:
-            scrape.register(OutboxCollector())
+        for collector in collectors:
+            scrape.register(collector)
         return scrape
-    parts: list[Any] = [REGISTRY]
-    if gauges:
-        parts.append(OutboxCollector())
-    scrape.register(_Union(*parts))
+    scrape.register(_Union(REGISTRY, *collectors))
     return scrape
 
 
@@ -281,7 +165,7 @@ def exposition(*, gauges: bool = True) -> tuple[bytes, str]:
     """The scrape's body and content type."""
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-    instruments()  # registered before the first scrape, so every series shows from the start
+    register()  # every series shows from the start
     return generate_latest(registry(gauges=gauges)), CONTENT_TYPE_LATEST
 
 
@@ -293,14 +177,14 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     """
     from django.http import Http404, HttpResponse
 
-    if instruments() is None:
+    if not available():
         raise Http404("metrics are off, or prometheus_client is not installed")
     body, content_type = exposition()
     return HttpResponse(body, content_type=content_type)
 
 
 def serve(port: int, addr: str = "0.0.0.0") -> None:
-    """Serve this process's metrics and the outbox gauges on ``addr:port`` (a daemon thread).
+    """Serve this process's metrics and the scrape-time gauges on ``addr:port`` (a daemon thread).
 
     Used by the long-running commands' ``--metrics-port``.
 
@@ -308,13 +192,14 @@ def serve(port: int, addr: str = "0.0.0.0") -> None:
         RuntimeError: metrics are off or prometheus_client is not installed.
         OSError: the port cannot be bound.
     """
-    if instruments() is None:
+    if not available():
         raise RuntimeError(
             'metrics are unavailable: install the [metrics] extra (prometheus_client) and '
             'leave OBSERVABILITY["METRICS"] on'
         )
     from prometheus_client import start_http_server
 
+    register()
     start_http_server(port, addr, registry=registry())
 
 

@@ -8,17 +8,18 @@ the library then never imports the package.
 
 from __future__ import annotations
 
-from django_idempotency_outbox.conf import AppSettings, Setting, boolean, optional, text
+from django_idempotency_outbox.conf import AppSettings, Setting, boolean
 
 
 class ObservabilitySettings(AppSettings):
     namespace = "OBSERVABILITY"
+    removed = {
+        "METRICS_DATABASE": 'the outbox gauges are read through TENANCY["ADMIN_DATABASE"] '
+        "(the alias of every cross-tenant read for people and monitors).",
+    }
 
     #: Count requests, messages and runs with prometheus_client (when installed).
     METRICS = Setting(True, boolean)
-    #: The alias the scrape-time outbox gauges (lag, blocker, parked) are read
-    #: through; None: the system alias (TENANCY["SYSTEM_DATABASE"]).
-    METRICS_DATABASE = Setting(None, optional(text()))
     #: Spans and trace-context propagation with OpenTelemetry (when its API is installed).
     TRACING = Setting(True, boolean)
 

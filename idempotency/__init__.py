@@ -46,8 +46,8 @@ __getattr__ = lazy_exports(
         "idempotent": "idempotency.decorators",
         "execute": "idempotency.core",
         "parse_key": "idempotency.core",
-        "fingerprint": "idempotency.fingerprint",
-        "canonical_path": "idempotency.fingerprint",
+        "fingerprint": "idempotency.fingerprints",
+        "canonical_path": "idempotency.fingerprints",
         "IdempotentRequest": "idempotency.core",
         "Outcome": "idempotency.core",
         "Result": "idempotency.core",
@@ -82,6 +82,6 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
         RequestRefused,
         UnknownRecoveryPoint,
     )
-    from idempotency.fingerprint import canonical_path, fingerprint
+    from idempotency.fingerprints import canonical_path, fingerprint
     from idempotency.mixins import IdempotentViewMixin
     from idempotency.phases import Finish, PhaseContext, Phases, RecoveryPoint, Retry

@@ -1,6 +1,6 @@
 """A read-only admin list of idempotency keys, across tenants.
 
-Rows are read through ``IDEMPOTENCY["ADMIN_DATABASE"]`` (by default the system
+Rows are read through ``TENANCY["ADMIN_DATABASE"]`` (by default the system
 alias): the app alias, confined by row-level security, would show no rows
 outside a tenant context. Giving the web process cross-tenant credentials is
 a real widening of what a bug in it could reach, so prefer a role of its own
@@ -19,9 +19,9 @@ from django.db.models.functions import Now
 from django.http import HttpRequest
 
 from idempotency import store
-from idempotency.conf import idempotency_settings
+from idempotency.conf import STUCK_AFTER
 from idempotency.models import IdempotencyKeyRecord
-from tenancy.aliases import system_alias
+from tenancy.aliases import admin_alias
 
 if TYPE_CHECKING:  # ModelAdmin is generic in django-stubs, not at run time
     _KeyAdminBase = admin.ModelAdmin[IdempotencyKeyRecord]
@@ -30,8 +30,8 @@ else:
 
 
 def stuck_condition() -> Q:
-    """Pending, nothing working on it (no live lease), older than ``STUCK_AFTER``."""
-    return store.stuck(idempotency_settings.STUCK_AFTER)
+    """Pending, nothing working on it (no live lease), claimed more than an hour ago."""
+    return store.stuck(STUCK_AFTER)
 
 
 class StuckFilter(admin.SimpleListFilter):
@@ -77,8 +77,7 @@ class IdempotencyKeyAdmin(_KeyAdminBase):
     show_full_result_count = False
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        alias = idempotency_settings.ADMIN_DATABASE or system_alias()
-        return super().get_queryset(request).using(alias)
+        return super().get_queryset(request).using(admin_alias())
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> None:
         return None

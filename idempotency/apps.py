@@ -7,11 +7,19 @@ class IdempotencyConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from idempotency import checks, conf  # noqa: F401 - conf registers with the check
+        from idempotency import checks
 
         checks.register()
         discover_programs()
         register_schema_extension()
+        register_metrics()
+
+
+def register_metrics() -> None:
+    """The request counters now, not on a process's first keyed request."""
+    from idempotency import metrics
+
+    metrics.register()
 
 
 def discover_programs() -> None:

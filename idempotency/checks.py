@@ -1,4 +1,4 @@
-"""System checks of the idempotency app: can every pending key be finished?"""
+"""System checks of the idempotency app: its settings, and can every pending key be finished?"""
 
 from __future__ import annotations
 
@@ -9,13 +9,29 @@ from django.conf import settings
 from django.core import checks
 from django.db import DatabaseError
 
+from django_idempotency_outbox.conf import CheckIds, check
 from django_idempotency_outbox.errors import ConfigurationError
 from idempotency import phases, store
+from idempotency.conf import idempotency_settings
 from tenancy.conf import tenancy_settings
+
+#: The ids under which ``IDEMPOTENCY`` is reported (docs/settings.md): a value it
+#: cannot take (the dict itself included), a key it does not take (unknown, or
+#: removed: the message names what replaces it).
+SETTINGS_CHECK_IDS = CheckIds(
+    not_a_dict="idempotency.E090", invalid="idempotency.E090",
+    unknown="idempotency.E091", removed="idempotency.E091",
+)
 
 
 def register() -> None:
+    checks.register(check_settings)
     checks.register(check_pending_programs, checks.Tags.database)
+
+
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``IDEMPOTENCY``: a dict, known keys, convertible values, no key a release removed."""
+    return check(idempotency_settings, SETTINGS_CHECK_IDS)
 
 
 def check_pending_programs(

@@ -28,10 +28,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 
-from django_idempotency_outbox import metrics
 from django_idempotency_outbox.durations import as_timedelta
-from idempotency import phases, store
-from idempotency.conf import idempotency_settings
+from idempotency import metrics, phases, store
+from idempotency.conf import COMPLETE_BATCH_SIZE, idempotency_settings
 from idempotency.core import IdempotentRequest, Outcome, Verdict
 from tenancy.aliases import app_alias, system_alias
 from tenancy.db import require_cross_tenant
@@ -63,7 +62,7 @@ def complete_abandoned_keys(
 
     Args:
         older_than: untouched for at least this long (``COMPLETE_AFTER``).
-        limit: at most this many keys (``COMPLETE_BATCH_SIZE``).
+        limit: at most this many keys (100 unless given).
         using: the alias that finds keys across tenants (the system alias);
             the programs themselves run on ``TENANCY["APP_DATABASE"]``, as
             each key's tenant, under row-level security.
@@ -76,7 +75,7 @@ def complete_abandoned_keys(
         window = idempotency_settings.COMPLETE_AFTER
     else:
         window = as_timedelta(older_than, "older_than", allow_zero=True)
-    size = int(limit or idempotency_settings.COMPLETE_BATCH_SIZE)
+    size = int(limit or COMPLETE_BATCH_SIZE)
     scopes = phases.completable_scopes()
     report = CompleteReport()
     if not scopes:

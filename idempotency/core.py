@@ -58,7 +58,7 @@ from django.db import connections, transaction
 from django_idempotency_outbox import tracing
 from django_idempotency_outbox.durations import backoff
 from idempotency import store
-from idempotency.conf import idempotency_settings
+from idempotency.conf import MAX_KEY_LENGTH, idempotency_settings
 from idempotency.exceptions import InvalidKey as InvalidKey  # public here too: core.InvalidKey
 from tenancy import tenant_context
 from tenancy.aliases import app_alias
@@ -83,7 +83,7 @@ def parse_key(value: str) -> str:
     Raises:
         InvalidKey: with a message fit for the client.
     """
-    limit = idempotency_settings.MAX_KEY_LENGTH
+    limit = MAX_KEY_LENGTH
     value = value.strip(" \t")
     if value.startswith('"'):
         key = _parse_sf_string(value)
@@ -142,7 +142,7 @@ def key_pattern(max_length: int | None = None) -> str:
     Used by the OpenAPI schema; a header value is matched without its
     surrounding whitespace.
     """
-    n = idempotency_settings.MAX_KEY_LENGTH if max_length is None else max_length
+    n = MAX_KEY_LENGTH if max_length is None else max_length
     bare = r"[\x21\x23-\x2B\x2D-\x7E]"
     quoted = r'(?:[\x20\x21\x23-\x5B\x5D-\x7E]|\\[\x22\x5C])'
     return f'^(?:{bare}{{1,{n}}}|"{quoted}{{1,{n}}}")$'
@@ -165,7 +165,7 @@ class IdempotentRequest:
         tenant_id: the tenant; also the row-level security context.
         scope: the operation, e.g. ``"order.create"``; keys are unique per scope.
         key: the client's idempotency key (already parsed).
-        fingerprint: see :func:`idempotency.fingerprint.fingerprint`.
+        fingerprint: see :func:`idempotency.fingerprints.fingerprint`.
         method, path: recorded with the key for people reading it later.
         ttl: how long the finished answer is replayed.
     """

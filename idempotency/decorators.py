@@ -13,9 +13,11 @@ from django.template.response import SimpleTemplateResponse
 
 from idempotency import flow, inputs
 from idempotency.conf import as_timedelta
-from idempotency.fingerprint import canonical_path, fingerprint, principal_of
+from idempotency.fingerprints import canonical_path, fingerprint, principal_of
 
 View = Callable[..., HttpResponse]
+
+_UNREAD = object()
 
 
 def parsed_body(request: HttpRequest) -> Any:
@@ -56,45 +58,55 @@ def idempotent(
 
     The view runs inside ``tenant_context`` for the tenant returned by
     ``TENANCY["TENANT_RESOLVER"]``, in one transaction with the key row. Safe
-    methods pass through untouched. An exception from the view rolls
-    everything back and propagates.
+    methods need no key and run as the tenant too (a request without one is
+    answered 403, as ``tenant_scoped`` answers it). An exception from the view
+    rolls everything back and propagates.
     """
     ttl_delta = None if ttl is None else as_timedelta(ttl, "ttl")
 
     def decorator(view: View) -> View:
         @functools.wraps(view)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-            def run() -> HttpResponse:
-                return view(request, *args, **kwargs)
-
-            def rendered() -> HttpResponse:
-                response = run()
-                if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
-                    response.render()
-                return response
-
-            @functools.cache
-            def body() -> Any:  # parsed once: checked, then fingerprinted
-                return parsed_body(request)
-
-            def request_fingerprint() -> str:
-                method = request.method or "POST"
-                path = canonical_path(request.path, request.META.get("QUERY_STRING", ""))
-                principal = principal_of(getattr(request, "user", None))
-                return fingerprint(method, path, principal, body())
-
-            return flow.respond(
-                request,
-                run,
-                scope=lambda: scope,
-                fingerprint=request_fingerprint,
-                required=required,
-                ttl=ttl_delta,
-                wait=wait,
-                keyed_view=rendered,
-                body=body,
-            )
+            return flow.respond(_PlainView(request, view, args, kwargs, scope, ttl_delta,
+                                           required, wait))
 
         return wrapper
 
     return decorator
+
+
+class _PlainView(flow.KeyedView):
+    """A plain Django view as :func:`idempotency.flow.respond` sees it."""
+
+    def __init__(self, request: HttpRequest, view: View, args: Any, kwargs: dict[str, Any],
+                 scope: str, ttl: timedelta | None, required: bool | None,
+                 wait: float | None) -> None:
+        super().__init__(request)
+        self.view, self.args, self.kwargs, self._scope = view, args, kwargs, scope
+        self.ttl, self.required, self.wait = ttl, required, wait
+        self._body: Any = _UNREAD
+
+    def scope(self) -> str:
+        return self._scope
+
+    def body(self) -> Any:
+        """Parsed once: checked, then fingerprinted."""
+        if self._body is _UNREAD:
+            self._body = parsed_body(self.request)
+        return self._body
+
+    def fingerprint(self) -> str:
+        request = self.request
+        method = request.method or "POST"
+        path = canonical_path(request.path, request.META.get("QUERY_STRING", ""))
+        principal = principal_of(getattr(request, "user", None))
+        return fingerprint(method, path, principal, self.body())
+
+    def run(self) -> HttpResponse:
+        return self.view(self.request, *self.args, **self.kwargs)
+
+    def run_keyed(self) -> HttpResponse:
+        response = self.run()
+        if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
+            response.render()
+        return response

@@ -2,7 +2,8 @@
 
 The DRF mixin (:mod:`idempotency.mixins`) and the decorator for plain Django
 views (:mod:`idempotency.decorators`) differ in how a view is called, rendered
-and fingerprinted; the rest is :func:`respond`, which both call:
+and fingerprinted: each says so in one small adapter, a :class:`KeyedView`.
+The rest is :func:`respond`, which both call with their adapter:
 
 1. the tenant is found (a problem answer if there is none);
 2. safe methods run as the tenant, with no key;
@@ -27,9 +28,9 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse
 
-from django_idempotency_outbox import metrics, tracing
-from idempotency import core, inputs
-from idempotency.conf import idempotency_settings
+from django_idempotency_outbox import tracing
+from idempotency import core, inputs, metrics
+from idempotency.conf import HEADER, STATUS_KEY_INVALID, STATUS_KEY_MISSING, idempotency_settings
 from idempotency.exceptions import RequestRefused
 from idempotency.responses import (
     answer,
@@ -46,98 +47,117 @@ from tenancy.resolver import no_tenant_response, resolve_tenant
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
 
-def respond(
-    request: HttpRequest,
-    view: Callable[[], HttpResponse],
-    *,
-    scope: Callable[[], str],
-    fingerprint: Callable[[], str],
-    required: bool | None = None,
-    ttl: timedelta | None = None,
-    wait: float | None = None,
-    parse_key: Callable[[str], str] = core.parse_key,
-    get_tenant: Callable[[], int | None] | None = None,
-    replay: Callable[[core.StoredResponse], HttpResponse] = replay_response,
-    keyed_view: Callable[[], HttpResponse] | None = None,
-    run_program: Callable[[core.IdempotentRequest], core.Result[core.StoredResponse]]
-    | None = None,
-    body: Callable[[], Any] | None = None,
-) -> HttpResponse:
-    """Answer ``request`` under the contract.
+class KeyedView:
+    """What :func:`respond` asks of a view: the one adapter each kind of view passes.
 
-    Args:
+    The DRF mixin (:mod:`idempotency.mixins`) and the decorator
+    (:mod:`idempotency.decorators`) each subclass it; the defaults are what a
+    plain Django view needs, so a subclass overrides only what differs.
+
+    Attributes:
         request: the Django request (a DRF ``Request`` works too).
-        view: runs the view as it would run without this library.
-        scope, fingerprint: the key's scope and the request's fingerprint;
-            called once the key and tenant are known.
         required: answer 400 to a request without a key
             (``IDEMPOTENCY["REQUIRED"]`` when None).
         ttl: how long the answer is replayed (``IDEMPOTENCY["TTL"]`` when None).
-        wait: seconds to wait for a duplicate in flight (``IN_PROGRESS_WAIT``).
-        parse_key: turns the header value into a key, or raises ``InvalidKey``.
-        get_tenant: the request's tenant; ``TENANCY["TENANT_RESOLVER"]`` when None.
-        replay: builds the replayed answer from the stored one.
-        keyed_view: runs the view and returns its final, rendered answer
-            (``view`` when None): under a key, where the answer is stored as
-            returned, and for safe methods, rendered as the tenant.
-        run_program: phases mode: runs the program for the key, instead of
-            running ``keyed_view`` in one transaction with it. It may raise
-            ``RequestRefused`` before it claims the key.
-        body: parses the request's body (DRF's ``request.data``); the parsed
-            body is checked before the key is looked up
-            (:func:`idempotency.inputs.check_body`).
+        wait: seconds to wait for a duplicate in flight (``IN_PROGRESS_WAIT``
+            when None).
     """
+
+    required: bool | None = None
+    ttl: timedelta | None = None
+    wait: float | None = None
+
+    def __init__(self, request: HttpRequest) -> None:
+        self.request = request
+
+    def tenant(self) -> int | None:
+        """The request's tenant (``TENANCY["TENANT_RESOLVER"]``), or None."""
+        return resolve_tenant(self.request)
+
+    def scope(self) -> str:
+        """The key's scope; called once the key and the tenant are known."""
+        raise NotImplementedError
+
+    def fingerprint(self) -> str:
+        """The request's fingerprint; called once the key and the tenant are known."""
+        raise NotImplementedError
+
+    def parse_key(self, value: str) -> str:
+        """The key in the header's value, or ``InvalidKey``."""
+        return core.parse_key(value)
+
+    def body(self) -> Any:
+        """The parsed body, checked before the key is looked up (:func:`inputs.check_body`)."""
+        return None
+
+    def run(self) -> HttpResponse:
+        """The view, as it would run without this library (an optional key left out)."""
+        raise NotImplementedError
+
+    def run_keyed(self) -> HttpResponse:
+        """The view's final, rendered answer: stored as returned under a key (and what a
+        safe method answers, rendered as the tenant)."""
+        return self.run()
+
+    def replay(self, stored: core.StoredResponse) -> HttpResponse:
+        """The replayed answer built from the stored one."""
+        return replay_response(stored)
+
+    def run_program(self, keyed: core.IdempotentRequest) -> core.Result[core.StoredResponse] | None:
+        """Phases mode: run the view's program for the key instead of :meth:`run_keyed` in one
+        transaction with it; None when the view has none. May raise ``RequestRefused``
+        before it claims the key."""
+        return None
+
+
+def respond(view: KeyedView) -> HttpResponse:
+    """Answer ``view.request`` under the contract (the module's docstring says how)."""
+    request = view.request
     if request.method in SAFE_METHODS:
-        tenant_id = get_tenant() if get_tenant else resolve_tenant(request)
+        tenant_id = view.tenant()
         if tenant_id is None:
             return no_tenant_response()
         with tenant_context(tenant_id, using=app_alias()):
-            return (keyed_view or view)()
-    checked = check_request(
-        request,
-        required=idempotency_settings.REQUIRED if required is None else required,
-        parse_key=parse_key,
-        get_tenant=get_tenant,
-    )
+            return view.run_keyed()
+    checked = check_request(view)
     if isinstance(checked, HttpResponse):
-        _count_refused(scope)
+        _count_refused(view.scope)
         return checked
     key, tenant_id = checked
     if key is None:  # optional and absent: run as the tenant, without a key
         with tenant_context(tenant_id, using=app_alias()):
-            return view()
-    with tracing.span("idempotency.request", {"idempotency.scope": _scope_of(scope)}):
+            return view.run()
+    with tracing.span("idempotency.request", {"idempotency.scope": _scope_of(view.scope)}):
         try:
             inputs.check_size(request)
             inputs.check_path(request.path)
-            if body is not None:
-                inputs.check_body(inputs.parsed(body))
+            inputs.check_body(inputs.parsed(view.body))
             keyed = core.IdempotentRequest(
                 tenant_id=tenant_id,
-                scope=scope(),
+                scope=view.scope(),
                 key=key,
-                fingerprint=inputs.parsed(fingerprint),
+                fingerprint=inputs.parsed(view.fingerprint),
                 method=str(request.method),
                 path=request.path,
-                ttl=ttl,
+                ttl=view.ttl,
             )
-            if run_program is not None:
-                result = run_program(keyed)
+            result = view.run_program(keyed)
+            if result is not None:
                 _count(keyed.scope, result.outcome.value)
                 if result.outcome is core.Outcome.EXECUTED:
                     assert result.value is not None
                     return http_response(result.value)
-                return answer(result, replay=replay)
+                return answer(result, replay=view.replay)
         except RequestRefused as refused:
-            _count_refused(scope)
+            _count_refused(view.scope)
             return problem_response(refused.status, refused.code, refused.detail)
         with metrics.timed_request(keyed.scope) as handler_seconds:
             executed = core.execute(
-                keyed, _timed(keyed_view or view, handler_seconds), to_stored_response,
-                wait=wait, using=app_alias(),
+                keyed, _timed(view.run_keyed, handler_seconds), to_stored_response,
+                wait=view.wait, using=app_alias(),
             )
         _count(keyed.scope, executed.outcome.value)
-        return answer(executed, replay=replay)
+        return answer(executed, replay=view.replay)
 
 
 def _scope_of(scope: Callable[[], str]) -> str:
@@ -174,13 +194,7 @@ def _timed(
     return run
 
 
-def check_request(
-    request: HttpRequest,
-    *,
-    required: bool,
-    parse_key: Callable[[str], str] = core.parse_key,
-    get_tenant: Callable[[], int | None] | None = None,
-) -> tuple[str | None, int] | HttpResponse:
+def check_request(view: KeyedView) -> tuple[str | None, int] | HttpResponse:
     """Find the tenant, then validate the key header.
 
     Returns:
@@ -188,24 +202,25 @@ def check_request(
         has no key and none is required (run the view, without a key, as the
         tenant); or the error answer to send instead.
     """
-    tenant_id = get_tenant() if get_tenant else resolve_tenant(request)
+    tenant_id = view.tenant()
     if tenant_id is None:
         return no_tenant_response()
     s = idempotency_settings
-    header = _header(request, s.HEADER)
+    required = s.REQUIRED if view.required is None else view.required
+    header = _header(view.request, HEADER)
     key: str | None = None
     if header is None:
         if required:
             return problem_response(
-                s.STATUS_KEY_MISSING,
+                STATUS_KEY_MISSING,
                 "idempotency_key_missing",
-                f"This operation requires an {s.HEADER} header.",
+                f"This operation requires an {HEADER} header.",
             )
     else:
         try:
-            key = parse_key(header)
+            key = view.parse_key(header)
         except core.InvalidKey as exc:
-            return problem_response(s.STATUS_KEY_INVALID, "idempotency_key_invalid", str(exc))
+            return problem_response(STATUS_KEY_INVALID, "idempotency_key_invalid", str(exc))
     return key, tenant_id
 
 

@@ -37,7 +37,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.http import HttpRequest
 
 from django_idempotency_outbox.problems import CONTENT_TOO_LARGE, size_problem
-from idempotency.conf import idempotency_settings
+from idempotency.conf import MAX_BODY_DEPTH, MAX_STORED_DATA
 from idempotency.exceptions import RequestRefused
 
 T = TypeVar("T")
@@ -88,7 +88,7 @@ def parsed(read: Callable[[], T]) -> T:
 
 
 def too_deep() -> RequestRefused:
-    depth = idempotency_settings.MAX_BODY_DEPTH
+    depth = MAX_BODY_DEPTH
     return RequestRefused(
         BAD_REQUEST, "body_too_deep", f"The request body is nested more than {depth} levels deep."
     )
@@ -100,7 +100,7 @@ def check_body(data: Any) -> None:
     Iterative: any depth a parser returns is measured, not recursed into.
     Strings are checked in object keys and values alike.
     """
-    limit = idempotency_settings.MAX_BODY_DEPTH
+    limit = MAX_BODY_DEPTH
     stack: list[tuple[Any, int]] = [(data, 0)]
     while stack:
         value, depth = stack.pop()
@@ -141,7 +141,7 @@ def check_storable(data: Any) -> None:
     The size is that of its JSON text with every non-ASCII character escaped.
     """
     text = json.dumps(data, cls=DjangoJSONEncoder, separators=(",", ":"))
-    limit = idempotency_settings.MAX_STORED_DATA
+    limit = MAX_STORED_DATA
     if len(text) > limit:  # ensure_ascii: one character is one byte
         raise too_large(
             f"The data this operation keeps to resume is larger than {limit} bytes.",

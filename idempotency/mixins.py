@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from datetime import timedelta
 from typing import Any
 
@@ -13,7 +12,7 @@ from rest_framework.request import Request
 
 from idempotency import core, flow, phases
 from idempotency.conf import as_timedelta
-from idempotency.fingerprint import canonical_path, fingerprint, principal_of
+from idempotency.fingerprints import canonical_path, fingerprint, principal_of
 from idempotency.phases import Phases
 from idempotency.responses import replay_response, to_stored_response
 from tenancy.aliases import app_alias
@@ -77,38 +76,7 @@ class IdempotentViewMixin(TenantScopedViewMixin):
         return self._run_idempotently(handler, request, *args, **kwargs)
 
     def _run_idempotently(self, handler: Any, request: Request, *args: Any, **kwargs: Any) -> Any:
-        program = self.get_idempotency_phases()
-
-        def view() -> HttpResponse:
-            return handler(request, *args, **kwargs)  # type: ignore[no-any-return]
-
-        def keyed_view() -> HttpResponse:
-            try:
-                response = view()
-            except Exception as exc:
-                # Unknown exceptions are re-raised here: everything rolls back.
-                response = self.handle_exception(exc)  # type: ignore[attr-defined]
-            return self._rendered(response, *args, **kwargs)
-
-        ttl = self.idempotency_ttl
-        return flow.respond(
-            request,
-            view,
-            scope=self.get_idempotency_scope,
-            fingerprint=self.get_idempotency_fingerprint,
-            # A program's phases cannot run without a key to resume by.
-            required=True if program is not None else self.idempotency_key_required,
-            ttl=None if ttl is None else as_timedelta(ttl, "idempotency_ttl"),
-            wait=self.idempotency_wait,
-            parse_key=self.get_idempotency_key,
-            get_tenant=lambda: self.tenant_id,
-            replay=self.perform_replay,
-            keyed_view=keyed_view,
-            run_program=None if program is None else functools.partial(
-                self._run_phases, program, kwargs
-            ),
-            body=lambda: request.data,
-        )
+        return flow.respond(_DRFView(self, handler, request, args, kwargs))
 
     def _rendered(self, response: HttpResponse, *args: Any, **kwargs: Any) -> HttpResponse:
         """Finalize and render now: the stored body must be the bytes the client gets."""
@@ -138,6 +106,15 @@ class IdempotentViewMixin(TenantScopedViewMixin):
             wait=self.idempotency_wait,
             using=app_alias(),
         )
+
+    def _keyed_answer(self, handler: Any, request: Request, args: Any, kwargs: Any) -> HttpResponse:
+        """The handler's answer under a key, as DRF would give it, rendered."""
+        try:
+            response = handler(request, *args, **kwargs)
+        except Exception as exc:
+            # Unknown exceptions are re-raised here: everything rolls back.
+            response = self.handle_exception(exc)  # type: ignore[attr-defined]
+        return self._rendered(response, *args, **kwargs)
 
     # --- hooks -------------------------------------------------------------
 
@@ -185,3 +162,48 @@ class IdempotentViewMixin(TenantScopedViewMixin):
     def perform_replay(self, stored: core.StoredResponse) -> HttpResponse:
         """Build the replayed answer; override to add headers or count replays."""
         return replay_response(stored)
+
+
+class _DRFView(flow.KeyedView):
+    """A DRF view as :func:`idempotency.flow.respond` sees it: the mixin's hooks."""
+
+    def __init__(self, view: IdempotentViewMixin, handler: Any, request: Request,
+                 args: Any, kwargs: dict[str, Any]) -> None:
+        super().__init__(request)
+        self.drf_request = request
+        self.view, self.handler, self.args, self.kwargs = view, handler, args, kwargs
+        self.program = view.get_idempotency_phases()
+        # A program's phases cannot run without a key to resume by.
+        self.required = True if self.program is not None else view.idempotency_key_required
+        ttl = view.idempotency_ttl
+        self.ttl = None if ttl is None else as_timedelta(ttl, "idempotency_ttl")
+        self.wait = view.idempotency_wait
+
+    def tenant(self) -> int | None:
+        return self.view.tenant_id  # resolved by TenantScopedViewMixin.initial()
+
+    def scope(self) -> str:
+        return self.view.get_idempotency_scope()
+
+    def fingerprint(self) -> str:
+        return self.view.get_idempotency_fingerprint()
+
+    def parse_key(self, value: str) -> str:
+        return self.view.get_idempotency_key(value)
+
+    def body(self) -> Any:
+        return self.drf_request.data  # parsed once by DRF, cached for the handler
+
+    def run(self) -> HttpResponse:
+        return self.handler(self.drf_request, *self.args, **self.kwargs)  # type: ignore[no-any-return]
+
+    def run_keyed(self) -> HttpResponse:
+        return self.view._keyed_answer(self.handler, self.drf_request, self.args, self.kwargs)
+
+    def replay(self, stored: core.StoredResponse) -> HttpResponse:
+        return self.view.perform_replay(stored)
+
+    def run_program(self, keyed: core.IdempotentRequest) -> core.Result[core.StoredResponse] | None:
+        if self.program is None:
+            return None
+        return self.view._run_phases(self.program, self.kwargs, keyed)

@@ -1,7 +1,21 @@
+"""The idempotency app's tables, and who may do what to them."""
+
 from __future__ import annotations
 
 from django.db import models
 from django.db.models.functions import Now
+
+from tenancy.privileges import APP, DML, SYSTEM, TablePrivileges
+
+#: Each role's privileges on this app's tables (tenancy.privileges collects
+#: them: the grants of migrate, check tenancy.E017/E018, docs/roles.md). The
+#: web process reads and writes its tenant's keys; the system role reads,
+#: finishes (the reaper's give-up) and deletes expired keys across tenants,
+#: and holds the key reaper's lease row; nobody else may touch the lease.
+TABLE_PRIVILEGES: TablePrivileges = {
+    "idempotency_keys": {APP: DML, SYSTEM: ("SELECT", "UPDATE", "DELETE")},
+    "idempotency_leases": {SYSTEM: ("SELECT", "UPDATE")},
+}
 
 
 class IdempotencyKey(models.Model):

@@ -4,15 +4,15 @@ Registered by ``IdempotencyConfig.ready()`` when drf-spectacular is installed
 (see :mod:`django_idempotency_outbox.openapi`). For every unsafe method of a
 view with the mixin, the schema gains:
 
-- the key header (``IDEMPOTENCY["HEADER"]``): a string matching exactly what
+- the key header (``Idempotency-Key``): a string matching exactly what
   the library accepts (:func:`idempotency.core.key_pattern`, up to
-  ``MAX_KEY_LENGTH`` characters), required where the view requires a key
+  255 characters), required where the view requires a key
   (``idempotency_key_required``, ``IDEMPOTENCY["REQUIRED"]``; a phases program
   always does);
 - the library's answers, as problems: 400 (key missing or invalid, body too
   deep or not Unicode text, path with a NUL), 403 (no tenant), 409 (in
   progress, with ``Retry-After``), 413 (body over Django's size limits, or a
-  phases program's stored data over ``MAX_STORED_DATA``), 422 (key reused);
+  phases program's stored data over 64 KiB), 422 (key reused);
   each status as set in ``IDEMPOTENCY``/``TENANCY``;
 - the ``Idempotent-Replayed`` header on the view's own documented answers
   that the library stores and replays (2xx, 3xx and the 4xx not in
@@ -34,7 +34,7 @@ from django_idempotency_outbox.openapi import (
     replace_schema,
 )
 from idempotency import core, flow
-from idempotency.conf import idempotency_settings
+from idempotency.conf import HEADER, MAX_KEY_LENGTH, STATUS_KEY_INVALID, idempotency_settings
 from idempotency.mixins import IdempotentViewMixin
 from idempotency.responses import REPLAYED_HEADER
 from tenancy.openapi import TenantScopedSchema
@@ -65,10 +65,9 @@ def uses_phases(view: Any) -> bool:
 
 
 def key_parameter(required: bool) -> dict[str, Any]:
-    s = idempotency_settings
-    n = s.MAX_KEY_LENGTH
+    n = MAX_KEY_LENGTH
     return {
-        "name": s.HEADER,
+        "name": HEADER,
         "in": "header",
         "required": required,
         "description": (
@@ -100,12 +99,9 @@ class IdempotentSchema(TenantScopedSchema):
         s = idempotency_settings
         required = key_required(self.view)
         invalid: tuple[str, ...] = ("idempotency_key_invalid",)
-        if required and s.STATUS_KEY_MISSING == s.STATUS_KEY_INVALID:
+        if required:  # one status for both (400, the IETF draft's)
             invalid = ("idempotency_key_missing", *invalid)
-        elif required:
-            answers.append(Answer(s.STATUS_KEY_MISSING, ("idempotency_key_missing",),
-                                  f"No {s.HEADER} header"))
-        answers.append(Answer(s.STATUS_KEY_INVALID, invalid, f"Invalid {s.HEADER} header"))
+        answers.append(Answer(STATUS_KEY_INVALID, invalid, f"Invalid {HEADER} header"))
         answers.append(Answer(
             400, ("body_too_deep", "body_invalid_text", "path_invalid"),
             "Body nested too deeply or not Unicode text, or a NUL in the path; nothing stored",

@@ -72,7 +72,13 @@ from django.utils.datastructures import MultiValueDict
 from django_idempotency_outbox.errors import ConfigurationError
 from django_idempotency_outbox.problems import reason_phrase
 from idempotency import store
-from idempotency.conf import as_timedelta, idempotency_settings
+from idempotency.conf import (
+    LEASE,
+    RETRY_AFTER,
+    STATUS_ABANDONED,
+    as_timedelta,
+    idempotency_settings,
+)
 from idempotency.core import (
     IdempotentRequest,
     Outcome,
@@ -84,7 +90,7 @@ from idempotency.core import (
     retry_while_in_progress,
 )
 from idempotency.exceptions import IdempotencyError, LeaseLost, UnknownRecoveryPoint
-from idempotency.fingerprint import canonical_json
+from idempotency.fingerprints import canonical_json
 from idempotency.inputs import check_storable
 from tenancy import tenant_context
 from tenancy.aliases import app_alias
@@ -155,7 +161,7 @@ class Retry(IdempotencyError):  # noqa: N818 - reads as the instruction it is
     def to_stored(self) -> StoredResponse:
         body = {"type": "about:blank", "title": reason_phrase(self.status), "status": self.status,
                 "detail": self.detail, "code": "retry"}
-        after = self.retry_after or idempotency_settings.RETRY_AFTER
+        after = self.retry_after or RETRY_AFTER
         return StoredResponse(
             self.status,
             json.dumps(body, separators=(",", ":")).encode(),
@@ -213,7 +219,7 @@ class Phases:
         scope: the operation; keys are unique per tenant and scope.
         first: the recovery point of a new request (``"started"``).
         lease: how long a run owns the key before a retry may take over
-            (timedelta or seconds; ``IDEMPOTENCY["LEASE"]`` by default). A
+            (timedelta or seconds; 30 s by default). A
             phase longer than the lease can be taken over mid-way; its commit
             is then refused.
         ttl: how long the final answer is replayed (``IDEMPOTENCY["TTL"]``).
@@ -287,11 +293,11 @@ def completable_scopes() -> list[str]:
 def abandoned_answer() -> StoredResponse:
     """The answer stored for a request given up on, replayed to every retry of its key.
 
-    A problem+json with ``IDEMPOTENCY["STATUS_ABANDONED"]`` (500) and the code
+    A problem+json with status 500 and the code
     ``idempotency_request_abandoned``: the request may have partly taken effect
     (a charge without its receipt, say), and is not run again under this key.
     """
-    status = idempotency_settings.STATUS_ABANDONED
+    status = STATUS_ABANDONED
     body = {
         "type": "about:blank",
         "title": "Request abandoned",
@@ -338,7 +344,7 @@ def program_data(program: type[Phases], body: Any) -> Any:
 
 
 def lease_of(program: type[Phases]) -> timedelta:
-    value = program.lease if program.lease is not None else idempotency_settings.LEASE
+    value = program.lease if program.lease is not None else LEASE
     return as_timedelta(value, f"{program.__qualname__}.lease")
 
 

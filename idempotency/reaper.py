@@ -21,19 +21,22 @@ session lock would stay on whichever pooled server session took it.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
 from django.db import connections
 
-from django_idempotency_outbox import metrics
-from idempotency import store
-from idempotency.conf import idempotency_settings
+from django_idempotency_outbox.leases import owner_id
+from idempotency import metrics, store
+from idempotency.conf import (
+    REAP_BATCH_SIZE,
+    REAP_LEASE,
+    REAP_PAUSE,
+    STUCK_AFTER,
+    idempotency_settings,
+)
 from idempotency.exceptions import ReaperBusy
 from idempotency.store import REAPER_LEASE as REAPER_LEASE  # the lease row's name
 from idempotency.store import GivenUp
@@ -96,8 +99,8 @@ def reap_expired_keys(
     """Delete the expired keys of every tenant, in batches; report stuck keys.
 
     Args:
-        batch_size: rows per delete transaction; ``REAP_BATCH_SIZE`` by default.
-        pause: seconds between two batches; ``REAP_PAUSE`` by default.
+        batch_size: rows per delete transaction; 100 by default.
+        pause: seconds between two batches; 0.01 by default.
         dry_run: count what would be deleted, delete nothing.
         using: database alias; ``TENANCY["SYSTEM_DATABASE"]`` by default.
         progress: called with a line after each batch (commands print it).
@@ -114,8 +117,8 @@ def reap_expired_keys(
     """
     started = time.monotonic()
     alias = system_alias(using)
-    size = int(batch_size or idempotency_settings.REAP_BATCH_SIZE)
-    pause = float(idempotency_settings.REAP_PAUSE if pause is None else pause)
+    size = int(batch_size or REAP_BATCH_SIZE)
+    pause = float(REAP_PAUSE if pause is None else pause)
     if size < 1:
         raise ValueError(f"batch size must be at least 1, not {size}")
     if connections[alias].in_atomic_block:
@@ -146,12 +149,12 @@ class _Lease:
 
     def __init__(self, alias: str) -> None:
         self.alias = alias
-        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.owner = owner_id()
         self.held = False
 
     def renew(self) -> None:
         holder = store.claim_lease(
-            self.alias, REAPER_LEASE, self.owner, idempotency_settings.REAP_LEASE
+            self.alias, REAPER_LEASE, self.owner, REAP_LEASE
         )
         if holder is None:
             self.held = True
@@ -229,6 +232,6 @@ def _give_up(alias: str, size: int, dry_run: bool, report: ReapReport, sample: i
 def _find_stuck(alias: str, report: ReapReport, sample: int) -> None:
     from idempotency.phases import completable_scopes
 
-    rows, report.stuck_count = store.stuck_keys(alias, idempotency_settings.STUCK_AFTER, sample)
+    rows, report.stuck_count = store.stuck_keys(alias, STUCK_AFTER, sample)
     completable = set(completable_scopes())
     report.stuck = [StuckKey(**asdict(row), completable=row.scope in completable) for row in rows]

@@ -13,7 +13,7 @@ from django.http import HttpResponse
 
 from django_idempotency_outbox.problems import PROBLEM_CONTENT_TYPE, problem_response
 from idempotency import core
-from idempotency.conf import idempotency_settings
+from idempotency.conf import RETRY_AFTER, idempotency_settings
 
 __all__ = [
     "PROBLEM_CONTENT_TYPE",
@@ -72,5 +72,5 @@ def answer(
         s.STATUS_IN_PROGRESS,
         "idempotency_key_in_progress",
         "A request with this idempotency key is still being processed; retry later.",
-        headers={"Retry-After": str(s.RETRY_AFTER)},
+        headers={"Retry-After": str(RETRY_AFTER)},
     )

@@ -15,7 +15,7 @@ finish a key are built from them.
 
 Functions of the request path run on the caller's connection and inside its
 ``tenant_context``: row-level security confines them to the request's tenant.
-The upkeep functions take the system alias and see every tenant.
+The upkeep functions take the system alias (``using``) and see every tenant.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from django.db.models import BooleanField, Count, ExpressionWrapper, Q, Window
 from django.db.models.functions import Coalesce, Now
 
 from django_idempotency_outbox import statements
+from django_idempotency_outbox.leases import LeaseRow
 from django_idempotency_outbox.statements import Statement
 from idempotency.models import IdempotencyKey
 from tenancy.conf import tenancy_settings
@@ -246,7 +247,7 @@ _LOOKUP_AND_LOCK = _LOOKUP.format(
 _LOOKUP_ONLY = _LOOKUP.format(live=_LIVE, locked="NULL::boolean")
 
 
-def lookup(alias: str, request: IdempotentRequest, *, lock: bool = False) -> KeyLookup:
+def lookup(using: str, request: IdempotentRequest, *, lock: bool = False) -> KeyLookup:
     """The key's row as the request's transaction sees it.
 
     With ``lock``, a key without a live row is also locked for this
@@ -257,7 +258,7 @@ def lookup(alias: str, request: IdempotentRequest, *, lock: bool = False) -> Key
         statement, params = _CLAIM_STATEMENT, _key(request, lock_id=request.lock_id)
     else:
         statement, params = _PEEK_STATEMENT, _key(request)
-    cursor = statements.cursor(alias)
+    cursor = statements.cursor(using)
     try:
         cursor.execute(_sql(cursor, statement), params)
     except DatabaseError as exc:
@@ -267,7 +268,7 @@ def lookup(alias: str, request: IdempotentRequest, *, lock: bool = False) -> Key
     return KeyLookup(live, locked, leased, token, fingerprint, state, status, body, _json(headers))
 
 
-def peek(alias: str, request: IdempotentRequest) -> KeyLookup | None:
+def peek(using: str, request: IdempotentRequest) -> KeyLookup | None:
     """The key's row, read in autocommit in one round trip; None if this connection cannot.
 
     The tenant's ``SET LOCAL``, the pinned search_path's
@@ -288,19 +289,19 @@ def peek(alias: str, request: IdempotentRequest) -> KeyLookup | None:
     alias that is not pooled, :func:`tenancy.context.pooled`) prepares the
     request path's statements in the same message (:data:`_PREPARED`).
     """
-    connection = connections[alias]
+    connection = connections[using]
     if connection.in_atomic_block or not connection.get_autocommit():
         return None
     if tenancy_settings.VERIFIED_CONTEXT is not None:
         return None
-    cursor = statements.cursor(alias)
+    cursor = statements.cursor(using)
     if not isinstance(cursor.cursor, psycopg.ClientCursor):
         return None
-    pin = search_path_sql(alias).replace("%", "%%")
+    pin = search_path_sql(using).replace("%", "%%")
     while True:  # once more after finding the prepared statements gone
         prepare = ""
         if statements.state(cursor, _PEEK_STATEMENT) is None and statements.may_prepare(
-            cursor, alias
+            cursor, using
         ):
             # After the pin, so that they are analysed with the library's
             # tables (PostgreSQL analyses a prepared statement again should the
@@ -371,7 +372,7 @@ def _sql(cursor: Any, statement: Statement) -> str:
 
 
 def insert_finished(
-    alias: str,
+    using: str,
     request: IdempotentRequest,
     response: StoredResponse,
     state: str,
@@ -391,7 +392,7 @@ def insert_finished(
         False when another transaction stored this key first (the primary
         key refused ours); the caller's transaction must then roll back.
     """
-    cursor = statements.cursor(alias)
+    cursor = statements.cursor(using)
     merge = commit and isinstance(cursor.cursor, psycopg.ClientCursor)
     sql = _sql(cursor, _STORE_STATEMENT)
     try:
@@ -421,14 +422,14 @@ def _is_key_conflict(exc: IntegrityError) -> bool:
 
 
 def replace_expired(
-    alias: str,
+    using: str,
     request: IdempotentRequest,
     response: StoredResponse,
     state: str,
     ttl: timedelta,
 ) -> bool:
     """Store a finished request over an expired finished row; False if it is gone."""
-    with connections[alias].cursor() as cursor:
+    with connections[using].cursor() as cursor:
         cursor.execute(_REPLACE_EXPIRED, _request(request, **_answer(response, state, ttl)))
         return int(cursor.rowcount) == 1
 
@@ -493,7 +494,7 @@ def _fetch_claim(cursor: Any) -> Claim | None:
 
 
 def claim(
-    alias: str,
+    using: str,
     request: IdempotentRequest,
     *,
     recovery_point: str,
@@ -511,20 +512,20 @@ def claim(
         request, recovery_point=recovery_point, request_data=_dumps(request_data),
         lease=lease, ttl=ttl,
     )
-    with connections[alias].cursor() as cursor:
+    with connections[using].cursor() as cursor:
         cursor.execute(_CLAIM, params)
         return _fetch_claim(cursor)
 
 
-def take_over(alias: str, request: IdempotentRequest, token: int, lease: timedelta) -> Claim | None:
+def take_over(using: str, request: IdempotentRequest, token: int, lease: timedelta) -> Claim | None:
     """Take a pending key whose lease ran out from the owner with ``token``; None if lost."""
-    with connections[alias].cursor() as cursor:
+    with connections[using].cursor() as cursor:
         cursor.execute(_TAKE_OVER, _key(request, token=token, lease=lease))
         return _fetch_claim(cursor)
 
 
 def advance(
-    alias: str,
+    using: str,
     request: IdempotentRequest,
     token: int,
     *,
@@ -537,13 +538,13 @@ def advance(
         request, token=token, recovery_point=recovery_point, phase_state=_dumps(phase_state),
         lease=lease,
     )
-    with connections[alias].cursor() as cursor:
+    with connections[using].cursor() as cursor:
         cursor.execute(_ADVANCE, params)
         return int(cursor.rowcount) == 1
 
 
 def finish(
-    alias: str,
+    using: str,
     request: IdempotentRequest,
     token: int,
     *,
@@ -556,30 +557,30 @@ def finish(
     params = _key(
         request, token=token, phase_state=_dumps(phase_state), **_answer(response, state, ttl)
     )
-    with connections[alias].cursor() as cursor:
+    with connections[using].cursor() as cursor:
         cursor.execute(_FINISH, params)
         return int(cursor.rowcount) == 1
 
 
-def release(alias: str, request: IdempotentRequest, token: int) -> None:
+def release(using: str, request: IdempotentRequest, token: int) -> None:
     """End the lease of the owner with ``token`` at once; a no-op if it was taken over."""
-    _owned(alias, request, token).update(locked_until=None, updated_at=Now())
+    _owned(using, request, token).update(locked_until=None, updated_at=Now())
 
 
-def forget(alias: str, request: IdempotentRequest, token: int, recovery_point: str) -> None:
+def forget(using: str, request: IdempotentRequest, token: int, recovery_point: str) -> None:
     """Delete a pending key still at ``recovery_point`` and owned by ``token``."""
-    with connections[alias].cursor() as cursor:
+    with connections[using].cursor() as cursor:
         cursor.execute(_FORGET, _key(request, token=token, recovery_point=recovery_point))
 
 
-def _owned(alias: str, request: IdempotentRequest, token: int) -> Any:
-    return IdempotencyKey.objects.using(alias).filter(
+def _owned(using: str, request: IdempotentRequest, token: int) -> Any:
+    return IdempotencyKey.objects.using(using).filter(
         tenant_id=request.tenant_id, scope=request.scope, key=request.key,
         state=PENDING, lease_token=token,
     )
 
 
-# --- upkeep, across tenants (the system alias) ----------------------------------
+# --- upkeep, across tenants (the system alias) -------------------------------------
 
 _UNATTENDED = f"state = '{PENDING}' AND (locked_until IS NULL OR locked_until <= clock_timestamp())"
 
@@ -613,15 +614,15 @@ RETURNING tenant_id, scope, key, recovery_point
 """
 
 
-def count_completer_failure(alias: str, request: IdempotentRequest) -> int | None:
+def count_completer_failure(using: str, request: IdempotentRequest) -> int | None:
     """Count a failed completer run of a pending key; its count so far (None: not pending)."""
-    with connections[alias].cursor() as cursor:
+    with connections[using].cursor() as cursor:
         cursor.execute(_COUNT_COMPLETER_FAILURE, _key(request))
         row = cursor.fetchone()
     return None if row is None else int(row[0])
 
 
-def give_up(alias: str, request: IdempotentRequest, response: StoredResponse,
+def give_up(using: str, request: IdempotentRequest, response: StoredResponse,
             ttl: timedelta) -> str | None:
     """Finish a pending key nobody holds with ``response`` (state ``failed``).
 
@@ -630,13 +631,13 @@ def give_up(alias: str, request: IdempotentRequest, response: StoredResponse,
         or a run holds its lease.
     """
     params = _key(request, **_answer(response, IdempotencyKey.State.FAILED.value, ttl))
-    with connections[alias].cursor() as cursor:
+    with connections[using].cursor() as cursor:
         cursor.execute(_GIVE_UP, params)
         row = cursor.fetchone()
     return None if row is None else str(row[0])
 
 
-def give_up_untouched(alias: str, after: timedelta, limit: int, response: StoredResponse,
+def give_up_untouched(using: str, after: timedelta, limit: int, response: StoredResponse,
                       ttl: timedelta) -> list[GivenUp]:
     """Finish up to ``limit`` pending keys untouched for ``after`` with ``response``.
 
@@ -644,15 +645,15 @@ def give_up_untouched(alias: str, after: timedelta, limit: int, response: Stored
     """
     params = {"after": after, "limit": limit,
               **_answer(response, IdempotencyKey.State.FAILED.value, ttl)}
-    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
         cursor.execute(_GIVE_UP_UNTOUCHED, params)
         return [GivenUp(*row) for row in cursor.fetchall()]
 
 
-def count_untouched(alias: str, after: timedelta) -> int:
+def count_untouched(using: str, after: timedelta) -> int:
     """How many keys :func:`give_up_untouched` would give up on."""
     return int(
-        IdempotencyKey.objects.using(alias)
+        IdempotencyKey.objects.using(using)
         .filter(unattended())
         .alias(touched=Coalesce("updated_at", "created_at"))
         .filter(touched__lt=Now() - after)
@@ -678,19 +679,10 @@ def _expired(tenant_id: int) -> Q:
 #: The reaper's lease row in ``idempotency_leases`` (idempotency/sql/0006_leases.sql).
 REAPER_LEASE = "reaper"
 
-# Hand-written: a compare-and-set on the lease, by the database clock, each in
-# a transaction of its own (autocommit): it holds through a transaction pooler,
-# where a session advisory lock would stay on a pooled server session.
-_CLAIM_LEASE = """
-UPDATE idempotency_leases
-   SET owner = %(owner)s, until = now() + make_interval(secs => %(seconds)s)
- WHERE name = %(name)s AND (owner = %(owner)s OR until IS NULL OR until < now())
-RETURNING until
-"""
-_LEASE_HOLDER = "SELECT owner, until FROM idempotency_leases WHERE name = %s"
-_RELEASE_LEASE = """
-UPDATE idempotency_leases SET owner = '', until = NULL WHERE name = %s AND owner = %s
-"""
+#: A lease of the library's single-instance jobs, a row of ``idempotency_leases``
+#: (django_idempotency_outbox.leases): claimed and renewed by the same
+#: compare-and-set, each in a transaction of its own (autocommit).
+LEASES = LeaseRow("idempotency_leases", "name = %(name)s", owner="owner", until="until")
 
 
 @dataclass(frozen=True)
@@ -701,23 +693,23 @@ class LeaseHolder:
     until: datetime | None
 
 
-def claim_lease(alias: str, name: str, owner: str, seconds: float) -> LeaseHolder | None:
+def claim_lease(using: str, name: str, owner: str, seconds: float) -> LeaseHolder | None:
     """Take or renew the lease ``name`` for ``seconds``; None when taken, else who holds it."""
-    with connections[alias].cursor() as cursor:
-        cursor.execute(_CLAIM_LEASE, {"owner": owner, "seconds": seconds, "name": name})
+    with connections[using].cursor() as cursor:
+        cursor.execute(LEASES.claim, {"owner": owner, "seconds": seconds, "name": name})
         if cursor.fetchone() is not None:
             return None
-        cursor.execute(_LEASE_HOLDER, [name])
+        cursor.execute(LEASES.holder, {"name": name})
         row = cursor.fetchone()
     if row is None:
         raise RuntimeError(f"lease row {name!r} is missing from idempotency_leases: migrate")
     return LeaseHolder(row[0], row[1])
 
 
-def release_lease(alias: str, name: str, owner: str) -> None:
+def release_lease(using: str, name: str, owner: str) -> None:
     """Give up ``owner``'s lease ``name`` (nothing if it is another's)."""
-    with connections[alias].cursor() as cursor:
-        cursor.execute(_RELEASE_LEASE, [name, owner])
+    with connections[using].cursor() as cursor:
+        cursor.execute(LEASES.release, {"name": name, "owner": owner})
 
 
 # The rows to delete are chosen and locked in the DELETE itself, skipping rows a
@@ -733,9 +725,9 @@ DELETE FROM idempotency_keys
 """
 
 
-def delete_expired_batch(alias: str, tenant_id: int, size: int) -> int:
+def delete_expired_batch(using: str, tenant_id: int, size: int) -> int:
     """Delete up to ``size`` expired finished keys of a tenant, in a transaction of its own."""
-    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
         # A batch lost in a crash is simply deleted again by the next run,
         # so its commit need not wait for the WAL flush (nor make others wait).
         cursor.execute("SET LOCAL synchronous_commit = off")
@@ -743,15 +735,15 @@ def delete_expired_batch(alias: str, tenant_id: int, size: int) -> int:
         return int(cursor.rowcount)
 
 
-def count_expired(alias: str, tenant_id: int) -> int:
+def count_expired(using: str, tenant_id: int) -> int:
     """How many keys of a tenant :func:`delete_expired_batch` would delete."""
-    return IdempotencyKey.objects.using(alias).filter(_expired(tenant_id)).count()
+    return IdempotencyKey.objects.using(using).filter(_expired(tenant_id)).count()
 
 
-def stuck_keys(alias: str, after: timedelta, limit: int) -> tuple[list[StuckRow], int]:
+def stuck_keys(using: str, after: timedelta, limit: int) -> tuple[list[StuckRow], int]:
     """The oldest ``limit`` keys stuck unfinished, and how many there are, in one query."""
     rows = list(
-        IdempotencyKey.objects.using(alias)
+        IdempotencyKey.objects.using(using)
         .filter(stuck(after))
         .annotate(
             expired=ExpressionWrapper(Q(expires_at__lte=Now()), output_field=BooleanField()),
@@ -765,11 +757,11 @@ def stuck_keys(alias: str, after: timedelta, limit: int) -> tuple[list[StuckRow]
 
 
 def abandoned_keys(
-    alias: str, scopes: list[str], older_than: timedelta, limit: int
+    using: str, scopes: list[str], older_than: timedelta, limit: int
 ) -> list[AbandonedKey]:
     """Unattended pending keys of ``scopes`` that nobody touched for ``older_than``."""
     rows = (
-        IdempotencyKey.objects.using(alias)
+        IdempotencyKey.objects.using(using)
         .filter(unattended(), scope__in=scopes)
         .alias(touched=Coalesce("updated_at", "created_at"))
         .filter(touched__lt=Now() - older_than)
@@ -780,10 +772,10 @@ def abandoned_keys(
     return [AbandonedKey(*row[:-1], request_data=row[-1] or {}) for row in rows]
 
 
-def pending_scopes(alias: str) -> list[str]:
+def pending_scopes(using: str) -> list[str]:
     """The scopes that have pending keys, across tenants (an alias that sees them all)."""
     rows = (
-        IdempotencyKey.objects.using(alias)
+        IdempotencyKey.objects.using(using)
         .filter(state=PENDING)
         .order_by("scope")
         .values_list("scope", flat=True)

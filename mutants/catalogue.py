@@ -210,8 +210,8 @@ CATALOGUE: list[Mutant] = [
         "flow.safe-bypass-deleted", "idempotency.flow",
         "safe methods (GET, HEAD, OPTIONS) need no key and run as the tenant",
         "idempotency/flow.py",
-        "    if request.method in SAFE_METHODS:\n        tenant_id = get_tenant()",
-        "    if False:\n        tenant_id = get_tenant()",
+        "    if request.method in SAFE_METHODS:\n        tenant_id = view.tenant()",
+        "    if False:\n        tenant_id = view.tenant()",
         (I_CLAIMS, IDEM + "test_contract.py", IDEM + "test_decorator.py"),
     ),
     mutant(
@@ -229,8 +229,8 @@ CATALOGUE: list[Mutant] = [
         "flow.optional-key-outside-tenant", "idempotency.flow",
         "a view with an optional key runs as the tenant without one",
         "idempotency/flow.py",
-        "        with tenant_context(tenant_id, using=app_alias()):\n            return view()",
-        "        if True:\n            return view()",
+        "        with tenant_context(tenant_id, using=app_alias()):\n            return view.run()",
+        "        if True:\n            return view.run()",
         (IDEM + "test_contract.py",),
     ),
     # --- idempotency: phases -------------------------------------------------------------
@@ -327,9 +327,9 @@ CATALOGUE: list[Mutant] = [
         "store.lease-unpinned", "outbox.store",
         "a search_path a worker-role borrower leaves in a pooled session stops no relay",
         "outbox/store.py",
-        "        execute_pinned(cursor, using, _CLAIM_LEASE, [owner, seconds, name, owner])\n"
+        "        execute_pinned(cursor, using, RELAY_LEASE.claim, lease)\n"
         "        row = cursor.fetchone()\n        if row is None:",
-        "        cursor.execute(_CLAIM_LEASE, [owner, seconds, name, owner])\n"
+        "        cursor.execute(RELAY_LEASE.claim, lease)\n"
         "        row = cursor.fetchone()\n        if row is None:",
         ("tests/test_session_state.py",),
     ),
@@ -489,12 +489,12 @@ CATALOGUE: list[Mutant] = [
         (OUTBOX + "test_rewind.py", OUTBOX + "test_failover.py", OUTBOX + "test_relay.py"),
     ),
     mutant(
-        "relay.lease-ignored", "outbox.relay",
-        "one relay works at a time: a running lease keeps the others waiting",
-        "outbox/store.py",
-        "   AND (lease_owner = %s OR lease_until IS NULL OR lease_until < now())",
-        "   AND (lease_owner = %s OR TRUE)",
-        (OUTBOX + "test_failover.py", OUTBOX + "test_relay.py"),
+        "leases.running-lease-ignored", "django_idempotency_outbox.leases",
+        "one relay (and one key reaper) works at a time: a running lease keeps the others waiting",
+        "django_idempotency_outbox/leases.py",
+        'f"   AND ({owner} = %(owner)s OR {until} IS NULL OR {until} < now())\\n"',
+        'f"   AND ({owner} = %(owner)s OR TRUE)\\n"',
+        (OUTBOX + "test_failover.py", OUTBOX + "test_relay.py", IDEM + "test_reaper.py"),
     ),
     mutant(
         "relay.heartbeat-too-slow", "outbox.relay",
@@ -775,9 +775,9 @@ CATALOGUE: list[Mutant] = [
     ),
     # --- the privilege matrix, retention, received records ------------------------------------
     mutant(
-        "privileges.app-on-offsets", "tenancy.privileges",
+        "privileges.app-on-offsets", "outbox.models",
         "the web role has no privilege on consumer_offsets",
-        "tenancy/privileges.py",
+        "outbox/models.py",
         '"consumer_offsets": {WORKER: ("SELECT", "INSERT", "UPDATE"), SYSTEM: ("SELECT",)},',
         '"consumer_offsets": {APP: ("SELECT", "UPDATE"), WORKER: ("SELECT", "INSERT", "UPDATE"),'
         ' SYSTEM: ("SELECT",)},',
@@ -990,7 +990,7 @@ CATALOGUE: list[Mutant] = [
         "policies.library-apps-declared", "tenancy.policies",
         "makemigrations writes policies for your models, never in the library's apps",
         "tenancy/policies.py",
-        "        and meta.app_label not in LIBRARY_APPS\n",
+        "        and meta.app_label not in _library_apps()\n",
         "",
         (TENANCY + "test_setup_policies.py",),
     ),
@@ -1030,8 +1030,8 @@ CATALOGUE: list[Mutant] = [
         "privileges.worker-no-migrations-record", "tenancy.privileges",
         "makemigrations works through every alias: every role may read django_migrations",
         "tenancy/privileges.py",
-        '        "django_migrations": {APP: ("SELECT",), WORKER: ("SELECT",), SYSTEM: ("SELECT",)},',
-        '        "django_migrations": {APP: ("SELECT",), SYSTEM: ("SELECT",)},',
+        '    "django_migrations": {APP: ("SELECT",), WORKER: ("SELECT",), SYSTEM: ("SELECT",)},',
+        '    "django_migrations": {APP: ("SELECT",), SYSTEM: ("SELECT",)},',
         (TENANCY + "test_setup_upgrade.py",),
     ),
     mutant(
@@ -1140,8 +1140,8 @@ CATALOGUE: list[Mutant] = [
         "mixins.scope-hook-ignored", "idempotency.mixins",
         "get_idempotency_scope() names the operation keys are unique in",
         "idempotency/mixins.py",
-        "            scope=self.get_idempotency_scope,",
-        "            scope=lambda: IdempotentViewMixin.get_idempotency_scope(self),",
+        "        return self.view.get_idempotency_scope()",
+        "        return IdempotentViewMixin.get_idempotency_scope(self.view)",
         (IDEM + "test_contract.py::test_the_scope_hook_names_the_operation_keys_are_unique_in",),
     ),
     mutant(
@@ -1157,8 +1157,8 @@ CATALOGUE: list[Mutant] = [
         "mixins.fingerprint-hook-ignored", "idempotency.mixins",
         "get_idempotency_fingerprint() decides what makes the same request",
         "idempotency/mixins.py",
-        "            fingerprint=self.get_idempotency_fingerprint,",
-        "            fingerprint=lambda: IdempotentViewMixin.get_idempotency_fingerprint(self),",
+        "        return self.view.get_idempotency_fingerprint()",
+        "        return IdempotentViewMixin.get_idempotency_fingerprint(self.view)",
         (IDEM + "test_contract.py::test_the_fingerprint_hook_decides_what_makes_the_same_request",),
     ),
     mutant(
@@ -1190,28 +1190,38 @@ CATALOGUE: list[Mutant] = [
         (IDEM + "test_completer.py::test_two_completers_that_found_the_same_key_run_it_once",),
     ),
     mutant(
-        "store.lease-claim-unconditional", "idempotency.store",
+        "leases.claim-unconditional", "django_idempotency_outbox.leases",
         "one key reaper at a time: a second, even racing the first for the lease, refuses",
-        "idempotency/store.py",
-        " WHERE name = %(name)s AND (owner = %(owner)s OR until IS NULL OR until < now())",
-        " WHERE name = %(name)s AND (owner = %(owner)s OR until IS NULL OR until < now() OR true)",
+        "django_idempotency_outbox/leases.py",
+        '            f"   AND ({owner} = %(owner)s OR {until} IS NULL OR {until} < now())\\n"',
+        '            f"   AND ({owner} = %(owner)s OR {until} IS NULL OR {until} < now() OR true)\\n"',
         (IDEM + "test_reaper.py::test_a_reaper_started_while_another_is_mid_run_refuses_naming_it",
          IDEM + "test_reaper.py::test_two_sessions_claiming_the_lease_at_once_take_turns_and_the"
          "_second_finds_it_held"),
     ),
     mutant(
-        "store.reaper-lease-by-app-clock", "idempotency.store",
-        "leases are set by the database clock, whatever the app's clock says",
-        "idempotency/store.py",
-        "   SET owner = %(owner)s, until = now() + make_interval(secs => %(seconds)s)",
-        "   SET owner = %(owner)s, until = %(app_now)s + make_interval(secs => %(seconds)s)",
-        (I_CLAIMS + "::test_every_lease_and_horizon_of_the_keys_is_the_database_clocks",),
-        more=(Edit("idempotency/store.py",
-                   '        cursor.execute(_CLAIM_LEASE, {"owner": owner, "seconds": seconds,'
-                   ' "name": name})',
-                   '        cursor.execute(_CLAIM_LEASE, {"owner": owner, "seconds": seconds,'
-                   ' "name": name, "app_now": __import__("django.utils.timezone").utils.timezone'
-                   '.now()})'),),
+        "leases.by-app-clock", "django_idempotency_outbox.leases",
+        "leases (the key reaper's, the relay's) are set by the database clock, whatever the "
+        "app's clock says",
+        "django_idempotency_outbox/leases.py",
+        '        expiry = "now() + make_interval(secs => %(seconds)s)"',
+        '        expiry = "%(app_now)s::timestamptz + make_interval(secs => %(seconds)s)"',
+        (I_CLAIMS + "::test_every_lease_and_horizon_of_the_keys_is_the_database_clocks",
+         O_CLAIMS + "::test_every_lease_pause_and_retention_of_the_outbox_is_the_database_clocks"),
+        more=(
+            Edit("idempotency/store.py",
+                 '        cursor.execute(LEASES.claim, {"owner": owner, "seconds": seconds, "name": name})',
+                 '        cursor.execute(LEASES.claim, {"owner": owner, "seconds": seconds, "name": name,'
+                 ' "app_now": __import__("django.utils.timezone").utils.timezone.now()})'),
+            Edit("outbox/store.py",
+                 '    lease = {"name": name, "owner": owner, "seconds": seconds}',
+                 '    lease = {"name": name, "owner": owner, "seconds": seconds,'
+                 ' "app_now": __import__("django.utils.timezone").utils.timezone.now()}'),
+            Edit("outbox/store.py",
+                 '                       {"name": name, "owner": owner, "seconds": seconds})',
+                 '                       {"name": name, "owner": owner, "seconds": seconds,'
+                 ' "app_now": __import__("django.utils.timezone").utils.timezone.now()})'),
+        ),
     ),
     mutant(
         "store.stuck-by-app-clock", "idempotency.store",
@@ -1247,10 +1257,10 @@ CATALOGUE: list[Mutant] = [
     ),
     mutant(
         "consumer.backoff-not-doubling", "outbox.consumers",
-        "a consumer's retry pause doubles from RETRY_BACKOFF up to RETRY_BACKOFF_MAX",
+        "a consumer's retry pause doubles from its retry_backoff up to its retry_backoff_max",
         "outbox/consumers.py",
-        "    return backoff(attempts, outbox_settings.RETRY_BACKOFF, outbox_settings.RETRY_BACKOFF_MAX)",
-        "    return backoff(1, outbox_settings.RETRY_BACKOFF, outbox_settings.RETRY_BACKOFF_MAX)",
+        "        delay = backoff(attempts, consumer.retry_backoff, consumer.retry_backoff_max)",
+        "        delay = backoff(1, consumer.retry_backoff, consumer.retry_backoff_max)",
         (OUTBOX + "test_consumers.py::test_the_retry_pause_doubles_up_to_its_maximum_while_the"
          "_partition_waits",),
     ),
@@ -1285,33 +1295,6 @@ CATALOGUE: list[Mutant] = [
                    "            position.last, position.json(), attempts,"
                    ' __import__("django.utils.timezone").utils.timezone.now(), retry_in, name,'
                    " partition,"),),
-    ),
-    mutant(
-        "relay.lease-by-app-clock", "outbox.store",
-        "the relay's lease is set by the database clock",
-        "outbox/store.py",
-        "   SET lease_owner = %s, lease_until = now() + make_interval(secs => %s)\n"
-        " WHERE name = %s AND partition = 0",
-        "   SET lease_owner = %s, lease_until = %s::timestamptz + make_interval(secs => %s)\n"
-        " WHERE name = %s AND partition = 0",
-        (O_CLAIMS + "::test_every_lease_pause_and_retention_of_the_outbox_is_the_database_clocks",),
-        more=(
-            Edit("outbox/store.py",
-                 "    with connections[using].cursor() as cursor:\n"
-                 "        execute_pinned(cursor, using, _CLAIM_LEASE, [owner, seconds, name, owner])",
-                 "    with connections[using].cursor() as cursor:\n"
-                 "        execute_pinned(cursor, using, _CLAIM_LEASE, [owner,"
-                 ' __import__("django.utils.timezone").utils.timezone.now(), seconds, name,'
-                 " owner])"),
-            Edit("outbox/store.py",
-                 "            if cursor.rowcount:\n"
-                 "                execute_pinned(cursor, using, _CLAIM_LEASE, [owner, seconds, name,"
-                 " owner])",
-                 "            if cursor.rowcount:\n"
-                 "                execute_pinned(cursor, using, _CLAIM_LEASE, [owner,"
-                 ' __import__("django.utils.timezone").utils.timezone.now(), seconds, name,'
-                 " owner])"),
-        ),
     ),
     mutant(
         "retention.by-app-clock", "outbox.store",
@@ -1455,5 +1438,110 @@ CATALOGUE: list[Mutant] = [
         "        if verified.readable_keys(alias):",
         "        if False:",
         (TENANCY + "test_verified.py::test_an_app_alias_that_can_read_a_key_is_refused_with_e026",),
+    ),
+    # --- issue 21: each app declares what it owns; settings; public names; rolling deploys --
+    mutant(
+        "layers.outbox-needs-idempotency", "outbox.publishing",
+        "outbox works installed without the idempotency app",
+        "outbox/publishing.py",
+        "from outbox import metrics, store\n",
+        "from outbox import metrics, store\nimport idempotency.conf  # noqa: F401,E402\n",
+        ("tests/test_layers.py",),
+    ),
+    mutant(
+        "privileges.declarations-ignored", "tenancy.privileges",
+        "each app's TABLE_PRIVILEGES (beside its models) are what migrate grants and check compares",
+        "tenancy/privileges.py",
+        "        if declared and config.label != \"tenancy\":",
+        "        if False:",
+        (TENANCY + "test_privileges.py",),
+    ),
+    mutant(
+        "metrics.outbox-gauges-not-collected", "outbox.metrics",
+        "a scrape reads the outbox's gauges (lag, held back, parked) from the database",
+        "outbox/metrics.py",
+        "    instruments()\n    add_collector(OutboxCollector)",
+        "    instruments()",
+        ("tests/shared/test_metrics.py",),
+    ),
+    mutant(
+        "aliases.admin-database-ignored", "tenancy.aliases",
+        "the admin's lists and the metrics' gauges read through TENANCY[\"ADMIN_DATABASE\"]",
+        "tenancy/aliases.py",
+        "    alias = using or tenancy_settings.ADMIN_DATABASE",
+        "    alias = using",
+        ("tests/shared/test_metrics.py",),
+    ),
+    mutant(
+        "conf.removed-key-unknown", "django_idempotency_outbox.conf",
+        "check names what replaces a removed setting (not a generic unknown key)",
+        "django_idempotency_outbox/conf.py",
+        "        return sorted(set(self.user_settings()) - set(self._declared) - set(self.removed))",
+        "        return sorted(set(self.user_settings()) - set(self._declared))",
+        ("tests/shared/test_conf.py",),
+    ),
+    mutant(
+        "surface.submodule-shadows-function", "outbox",
+        "from outbox import status is the function the docs call, not a module",
+        "outbox/__init__.py",
+        "from django_idempotency_outbox.exports import lazy_exports\n",
+        "from django_idempotency_outbox.exports import lazy_exports\nfrom outbox import stream as status  # noqa: E402,F401\n",
+        ("tests/shared/test_surface.py",),
+    ),
+    mutant(
+        "conf.header-changed", "idempotency.conf",
+        "the key is read from the Idempotency-Key header (the IETF draft's name)",
+        "idempotency/conf.py",
+        'HEADER = "Idempotency-Key"',
+        'HEADER = "X-Idempotency-Key"',
+        (IDEM + "test_openapi.py",),
+    ),
+    mutant(
+        "consumers.default-attempts", "outbox.consumers",
+        "a consumer parks a message after 5 attempts unless it sets max_attempts",
+        "outbox/consumers.py",
+        "    max_attempts: ClassVar[int] = 5",
+        "    max_attempts: ClassVar[int] = 6",
+        (OUTBOX + "test_consumers.py",),
+    ),
+    mutant(
+        "consumers.attributes-unchecked", "outbox.consumers",
+        "a consumer's batch size, attempts and backoff are refused by name when they are not numbers",
+        "outbox/consumers.py",
+        '    for attribute in ("batch_size", "max_attempts"):',
+        '    for attribute in ():',
+        (OUTBOX + "test_consumers.py",),
+    ),
+    mutant(
+        "retention.named-relay-ignored", "outbox.retention",
+        "retention waits for every relay that has run, whatever its name",
+        "outbox/relay.py",
+        '    found = sorted({name for name in names if name.startswith("relay:")})',
+        '    found = [name for name in names if name == f"relay:{DEFAULT_NAME}"]',
+        (OUTBOX + "test_retention.py",),
+    ),
+    mutant(
+        "retention.waits-without-transport", "outbox.retention",
+        'with OUTBOX["TRANSPORT"] = None retention waits for no relay',
+        "outbox/retention.py",
+        "    if outbox_settings.TRANSPORT is not None:\n        expected.update(",
+        "    if True:\n        expected.update(",
+        (OUTBOX + "test_retention.py",),
+    ),
+    mutant(
+        "rolling.web-of-previous-release-cannot-publish", "outbox.sql",
+        "a web process of the previous release keeps publishing against this release's schema",
+        "outbox/sql/0008_tenant_fence.sql",
+        "-- The previous release's readers, refused: they would pass the held tenants'",
+        "ALTER TABLE outbox_messages ADD COLUMN producer text NOT NULL;\n"
+        "-- The previous release's readers, refused: they would pass the held tenants'",
+        ("tests/test_rolling_deploy.py",),
+        more=(Edit(
+            "outbox/store.py",
+            "       (tenant_id, message_id, topic, key, aggregate_type, aggregate_id, payload, headers)\n"
+            "VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s::jsonb)",
+            "       (tenant_id, message_id, topic, key, aggregate_type, aggregate_id, payload, headers,"
+            " producer)\nVALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, 'v2')",
+        ),),
     ),
 ]

@@ -50,8 +50,8 @@ __getattr__ = lazy_exports(
         "receiver_task": "outbox.django_tasks",
         "ReceiverTask": "outbox.celery",
         "Relay": "outbox.relay",
-        "status": "outbox.status",
-        "observe": "outbox.status",
+        "status": "outbox.observation",
+        "observe": "outbox.observation",
         "Transport": "outbox.transports",
         "InMemoryTransport": "outbox.testing",
         "relay_pending": "outbox.testing",
@@ -68,10 +68,10 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
     from outbox.consumers import Consumer, run_consumers
     from outbox.django_tasks import receiver_task
     from outbox.exceptions import ConsumerConfigError, NoTenant, NotInTransaction, OutboxError
+    from outbox.observation import observe, status
     from outbox.publishing import publish
     from outbox.receivers import receive, receiver
     from outbox.relay import Relay
-    from outbox.status import observe, status
     from outbox.stream import Message
     from outbox.testing import InMemoryTransport, relay_pending
     from outbox.transports import Transport

@@ -1,6 +1,6 @@
 """The outbox in Django's admin: parked messages, and where every reader is.
 
-Both lists read through ``IDEMPOTENCY["ADMIN_DATABASE"]`` (by default the
+Both lists read through ``TENANCY["ADMIN_DATABASE"]`` (by default the
 system alias), the alias the idempotency admin reads keys through: the app
 alias, confined by row-level security, would show nothing outside a tenant
 context. Re-driving and discarding write as each message's tenant on the app
@@ -21,23 +21,17 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
-from idempotency.conf import idempotency_settings
 from outbox import store
 from outbox.deadletters import discard, redrive
 from outbox.exceptions import ConsumerConfigError
 from outbox.models import ParkedMessageRecord, ReaderPositionRecord
-from tenancy.aliases import system_alias
+from tenancy.aliases import admin_alias
 
 if TYPE_CHECKING:  # ModelAdmin is generic in django-stubs, not at run time
     _ParkedAdminBase = admin.ModelAdmin[ParkedMessageRecord]
     _PositionAdminBase = admin.ModelAdmin[ReaderPositionRecord]
 else:
     _ParkedAdminBase = _PositionAdminBase = admin.ModelAdmin
-
-
-def admin_alias() -> str:
-    """The alias the outbox and idempotency admins read through."""
-    return idempotency_settings.ADMIN_DATABASE or system_alias()
 
 
 def _rows(queryset: QuerySet[Any]) -> list[tuple[int, int]]:

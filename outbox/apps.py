@@ -9,8 +9,7 @@ class OutboxConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # Importing the settings object registers it with the settings check.
-        from outbox import checks, conf  # noqa: F401
+        from outbox import checks
 
         checks.register()
         connect_celery_signals()
@@ -18,15 +17,10 @@ class OutboxConfig(AppConfig):
 
 
 def register_metrics() -> None:
-    """Register the counters now (when prometheus_client is installed and metrics are on).
+    """The outbox's counters now, and its gauges at every scrape (``outbox.metrics.register``)."""
+    from outbox import metrics
 
-    Not on a process's first count: a Celery pool process or a gunicorn
-    worker forked after this inherits them, and no request or task pays for
-    importing prometheus_client.
-    """
-    from django_idempotency_outbox import metrics
-
-    metrics.instruments()
+    metrics.register()
 
 
 def connect_celery_signals() -> None:

@@ -3,13 +3,13 @@
 A Celery task built with :func:`outbox.receiver` is what the relay's messages
 end in, so its failures must not lose them. Run by a worker, a receiver that
 fails (a lost database, a deadlock, a broker error, a bug) is retried with a
-growing pause (``OUTBOX["RECEIVER_RETRY_BACKOFF"]`` doubling up to
-``RECEIVER_RETRY_BACKOFF_MAX``); after ``RECEIVER_MAX_ATTEMPTS`` attempts the
-message is parked in ``outbox_dead_letters`` (as its tenant, under row-level
-security) with an ERROR log naming it, and ``manage.py outbox_parked
---redrive`` handles it again. If even parking fails (the database is still
-down), the message is retried again later: it is never acknowledged without
-either its effect or its dead letter.
+growing pause (1 s, doubling up to ``OUTBOX["RECEIVER_RETRY_BACKOFF_MAX"]``);
+after ``RECEIVER_MAX_ATTEMPTS`` attempts the message is parked in
+``outbox_dead_letters`` (as its tenant, under row-level security) with an
+ERROR log naming it, and ``manage.py outbox_parked --redrive`` handles it
+again. If even parking fails (the database is still down), the message is
+retried again later: it is never acknowledged without either its effect or
+its dead letter.
 
 What a worker and its broker must do for that promise, and what this module
 checks (``manage.py check`` and a warning when a worker starts):
@@ -307,14 +307,11 @@ def is_amqp(app: Any) -> bool:
 def relay_queues(app: Any) -> dict[str, Any]:
     """The kombu Queue each task the outbox's Celery transport sends to is routed to, by task.
 
-    The tasks are ``OUTBOX["CELERY_TASK"]`` and the values of
-    ``OUTBOX["CELERY_TOPIC_TASKS"]``; the queue is ``OUTBOX["CELERY_QUEUE"]``,
+    The tasks are those ``OUTBOX["CELERY_TASK"]`` names; the queue is ``OUTBOX["CELERY_QUEUE"]``,
     else Celery's routing (as the transport does). A task whose route names
     no queue Celery knows is left out (Celery creates it as a durable queue).
     """
-    tasks = {*outbox_settings.CELERY_TOPIC_TASKS.values()}
-    if outbox_settings.CELERY_TASK:
-        tasks.add(outbox_settings.CELERY_TASK)
+    tasks = set(outbox_settings.CELERY_TASK.values())
     found: dict[str, Any] = {}
     for task in sorted(tasks):
         name = outbox_settings.CELERY_QUEUE

@@ -1,6 +1,10 @@
 """System checks of the outbox: is the fence still sound, can the receivers keep their promise?
 
-Two families, registered together by :func:`register`:
+Its families, registered together by :func:`register`:
+
+- **Its settings** (``outbox.E090``, ``E091``): ``OUTBOX`` is a dict of
+  convertible values, of keys it takes (a removed key is named with what
+  replaces it).
 
 - **The fence** (``outbox.E001``/``E002``, tagged ``database``). The fence
   (docs/guarantees.md) rests on two facts the database could be talked out
@@ -42,15 +46,30 @@ from django.core import checks
 from django.db import DatabaseError
 from django.utils.module_loading import import_string
 
+from django_idempotency_outbox.conf import CheckIds, check
+from django_idempotency_outbox.errors import ConfigurationError
 from outbox import store
 from outbox.conf import outbox_settings
 
+#: The ids under which ``OUTBOX`` is reported (docs/settings.md): a value it
+#: cannot take (the dict itself included), a key it does not take (unknown, or
+#: removed: the message names what replaces it).
+SETTINGS_CHECK_IDS = CheckIds(
+    not_a_dict="outbox.E090", invalid="outbox.E090", unknown="outbox.E091", removed="outbox.E091",
+)
+
 
 def register() -> None:
+    checks.register(check_settings)
     checks.register(check_fence, checks.Tags.database)
     checks.register(check_receivers)
     checks.register(check_relay_broker)
     checks.register(check_tasks_transport)
+
+
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``OUTBOX``: a dict, known keys, convertible values, no key a release removed."""
+    return check(outbox_settings, SETTINGS_CHECK_IDS)
 
 
 # -- the fence ----------------------------------------------------------------
@@ -112,8 +131,16 @@ def check_fence(
 _importing = threading.local()
 
 
+def _settings_unreadable() -> bool:
+    """Whether ``OUTBOX`` cannot be read (not a dict, a bad value: check_settings says so)."""
+    try:
+        return bool(outbox_settings.invalid_keys())
+    except ConfigurationError:
+        return True
+
+
 def check_receivers(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    if getattr(_importing, "active", False):
+    if getattr(_importing, "active", False) or _settings_unreadable():
         return []
     try:
         from outbox import celery as outbox_celery
@@ -173,7 +200,7 @@ def check_tasks_transport(app_configs: Any = None, **kwargs: Any) -> list[checks
         return [checks.Error(
             f"Could not load the Django tasks the outbox enqueues to: {type(exc).__name__}: "
             f"{exc}",
-            hint='OUTBOX["TASKS_TASK"] and OUTBOX["TASKS_TOPIC_TASKS"] name them '
+            hint='OUTBOX["TASKS_TASK"] names them '
             "(docs/django-tasks.md).",
             id="outbox.E120",
         )]

@@ -1,4 +1,12 @@
-"""The ``OUTBOX`` settings dict and its defaults (documented in docs/settings.md)."""
+"""The ``OUTBOX`` settings dict and its defaults (documented in docs/settings.md).
+
+The values earlier releases made settings and no deployment had a reason to
+change are constants where they are used (the relay's and the loops'
+backoffs), attributes of a consumer (its batch size, attempts, backoff), or
+options of a command (batch sizes, the health check's lease age). ``manage.py
+check`` reports each such key still set (``outbox.E091``), naming what
+replaces it.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +29,6 @@ from django_idempotency_outbox.conf import (
     text,
     text_mapping,
 )
-from django_idempotency_outbox.observability import observability_settings  # noqa: F401 (registers it)
 
 
 @dataclass(frozen=True)
@@ -58,54 +65,82 @@ def signing_keys(value: Any, label: str) -> tuple[SigningKey, ...]:
     return tuple(keys)
 
 
+def task_routes(value: Any, label: str) -> dict[str, str]:
+    """None, a task (every topic), or a dict topic -> task, ``"*"`` for every other topic.
+
+    Always returned as the dict (``{}`` for None, ``{"*": task}`` for one task):
+    :func:`task_for` reads it.
+    """
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        return {"*": text()(value, label)}
+    return text_mapping(value, label)
+
+
+def task_for(routes: dict[str, str], topic: str) -> str | None:
+    """The task of ``topic`` in a :func:`task_routes` dict (its own, else ``"*"``'s)."""
+    return routes.get(topic) or routes.get("*")
+
+
 class OutboxSettings(AppSettings):
+    """The keys a deployment may change, each for a reason docs/settings.md gives."""
+
     namespace = "OUTBOX"
+    removed = {
+        "CONSUMER_BATCH_SIZE": "a consumer's batch_size attribute (500 unless it sets one).",
+        "CONSUMER_LOST_AFTER": "a consumer's lost_after attribute (3 s unless it sets one).",
+        "MAX_ATTEMPTS": "a consumer's max_attempts attribute (5 unless it sets one).",
+        "RETRY_BACKOFF": "a consumer's retry_backoff attribute (1 s unless it sets one).",
+        "RETRY_BACKOFF_MAX": "a consumer's retry_backoff_max attribute (5 minutes unless it "
+        "sets one).",
+        "RELAY": 'OUTBOX["TRANSPORT"] = None: no relay runs, and retention waits for none.',
+        "RELAY_NAME": "relay_outbox --name (default unless given); retention and health "
+        "follow every relay that has run.",
+        "RELAY_BATCH_SIZE": "relay_outbox --batch-size (1000 unless given).",
+        "BROKER_BACKOFF": "the relay's first pause after a broker failure is 0.5 s.",
+        "BROKER_BACKOFF_MAX": "the relay's pauses after broker failures grow to 30 s at most.",
+        "DATABASE_BACKOFF": "a relay's or consumer's first pause after losing the database is "
+        "1 s (doubling up to 30 s).",
+        "CELERY_TOPIC_TASKS": 'OUTBOX["CELERY_TASK"] takes the same dict (topic -> task, '
+        '"*" for every other topic).',
+        "TASKS_TOPIC_TASKS": 'OUTBOX["TASKS_TASK"] takes the same dict (topic -> task, '
+        '"*" for every other topic).',
+        "TASKS_STALLED_AFTER": "requeue_outbox_tasks --stalled-after (30 s unless given).",
+        "RECEIVER_RETRY_BACKOFF": "a receiver's first pause is 1 s, doubling up to "
+        'OUTBOX["RECEIVER_RETRY_BACKOFF_MAX"].',
+        "RECEIVED_RETENTION": 'receivers remember message ids as long as messages are kept '
+        '(OUTBOX["RETENTION"]).',
+        "REAP_BATCH_SIZE": "reap_outbox --batch-size (5000 unless given).",
+        "HEALTH_MAX_LEASE_AGE": "outbox_health --max-lease-age (10 s unless given).",
+    }
 
     #: Dotted paths of the outbox.Consumer subclasses that `run_consumers` runs
     #: and whose offsets retention waits for.
     CONSUMERS: Setting[tuple[Any, ...]] = Setting((), objects)
-    #: Messages read per consumer transaction.
-    CONSUMER_BATCH_SIZE = Setting(500, integer(minimum=1))
-    #: Consumers: during a batch, the database ends the session of a consumer
-    #: whose host stopped answering (TCP keepalives) after about this long, so
-    #: that its partition's lock is released; 0 leaves the server's settings.
-    CONSUMER_LOST_AFTER = Setting(timedelta(seconds=3), seconds())
-    #: Attempts at one message before it is parked in the dead-letter table.
-    MAX_ATTEMPTS = Setting(5, integer(minimum=1))
-    #: Delay before the second attempt; doubled for each further attempt.
-    RETRY_BACKOFF = Setting(timedelta(seconds=1), seconds())
-    #: Longest delay between two attempts.
-    RETRY_BACKOFF_MAX = Setting(timedelta(minutes=5), seconds())
-    #: Relay: whether a relay runs (retention then waits for its offset too).
-    RELAY = Setting(True, boolean)
-    #: Relay: the name of its offset row ("relay:<name>" in consumer_offsets).
-    RELAY_NAME = Setting("default", text(max_length=190))
-    #: Relay: dotted path of the transport class, or an instance.
-    TRANSPORT: Setting[Any] = Setting("outbox.transports.CeleryTransport", dotted_path_or_object)
-    #: Relay: messages read and published per round.
-    RELAY_BATCH_SIZE = Setting(1000, integer(minimum=1))
+    #: Relay: dotted path of the transport class, or an instance; None: no
+    #: relay runs (a project with in-database consumers only), and retention
+    #: waits for none.
+    TRANSPORT: Setting[Any] = Setting(
+        "outbox.transports.CeleryTransport", optional(dotted_path_or_object)
+    )
     #: Relay: how long one relay owns the stream after its last renewal. A
     #: heartbeat thread renews it every quarter of this, whatever the batch in
     #: flight is doing, so this is also how soon a relay that died (SIGKILL, a
     #: lost host) is replaced by one that waits.
     RELAY_LEASE = Setting(timedelta(seconds=1), seconds(allow_zero=False))
-    #: Relay: first and longest pause after the broker fails.
-    BROKER_BACKOFF = Setting(timedelta(milliseconds=500), seconds())
-    BROKER_BACKOFF_MAX = Setting(timedelta(seconds=30), seconds())
     #: Loops: seconds to sleep when there was nothing to do (the polling fallback
     #: of the on-commit wake-up).
     POLL_INTERVAL = Setting(0.05, seconds())
-    #: Loops: pause after a database error before trying again (doubled up to 30 s).
-    DATABASE_BACKOFF = Setting(timedelta(seconds=1), seconds())
     #: Dotted path of a callable() run after every commit that published
     #: messages, e.g. to wake a relay on another host. None: only relays in
     #: this process are woken; others find the messages by polling.
     ON_COMMIT: Setting[Any] = Setting(None, optional(dotted_path_or_object))
     #: Celery transport: the Celery app (dotted path) or None for current_app.
     CELERY_APP: Setting[Any] = Setting(None, optional(dotted_path_or_object))
-    #: Celery transport: the task each message is sent to, and per-topic overrides.
-    CELERY_TASK = Setting(None, optional(text()))
-    CELERY_TOPIC_TASKS = Setting({}, text_mapping)
+    #: Celery transport: the task each message is sent to, or a dict topic ->
+    #: task ("*": every other topic).
+    CELERY_TASK: Setting[dict[str, str]] = Setting(None, task_routes)
     #: Celery transport: queue for the sent tasks; None leaves it to task_routes.
     CELERY_QUEUE = Setting(None, optional(text()))
     #: Celery transport: True sends through app.send_task (slower; runs the
@@ -113,42 +148,28 @@ class OutboxSettings(AppSettings):
     #: it with kombu directly.
     CELERY_SEND_TASK = Setting(False, boolean)
     #: Django tasks transport (outbox.django_tasks.DjangoTasksTransport): the
-    #: task (dotted path of a Django Task) each message is enqueued to, and
-    #: per-topic overrides.
-    TASKS_TASK = Setting(None, optional(text()))
-    TASKS_TOPIC_TASKS = Setting({}, text_mapping)
-    #: Django tasks receivers on django-tasks-db: a receiver task still marked
-    #: RUNNING this long after it started, whose worker no longer holds its
-    #: row (the worker died), is made ready again by requeue_outbox_tasks.
-    TASKS_STALLED_AFTER = Setting(timedelta(seconds=30), seconds(allow_zero=False))
+    #: task (dotted path of a Django Task) each message is enqueued to, or a
+    #: dict topic -> task ("*": every other topic).
+    TASKS_TASK: Setting[dict[str, str]] = Setting(None, task_routes)
     #: Receivers (outbox.receiver, Celery; outbox.django_tasks.receiver_task):
     #: attempts at one message, the first included, before it is parked in the
     #: dead-letter table.
     RECEIVER_MAX_ATTEMPTS = Setting(10, integer(minimum=1))
-    #: Celery receivers: delay before the second attempt; doubled for each further one.
-    RECEIVER_RETRY_BACKOFF = Setting(timedelta(seconds=1), seconds())
-    #: Celery receivers: the longest delay between two attempts. Keep it below
-    #: the broker's visibility timeout (Redis: 1 hour by default).
+    #: Receivers: the longest pause between two attempts (the first is 1 s,
+    #: doubled for each further one). Keep it below the broker's visibility
+    #: timeout (Redis: 1 hour by default; SQS: 30 s).
     RECEIVER_RETRY_BACKOFF_MAX = Setting(timedelta(minutes=5), seconds())
     #: Relay and receivers: secrets. The relay signs every envelope with the
     #: first; receivers accept a signature made with any of them and refuse a
     #: message without a valid one (docs/outbox.md). Empty: nothing is signed
     #: or verified.
     SIGNING_KEYS: Setting[tuple[SigningKey, ...]] = Setting((), signing_keys)
-    #: Retention: messages older than this AND passed by every reader are deleted.
+    #: Retention: messages older than this AND passed by every reader are
+    #: deleted; receivers' records of message ids are kept as long.
     RETENTION = Setting(timedelta(days=7), seconds())
-    #: Retention: rows of outbox_received (the receivers' de-duplication
-    #: memory) older than this are deleted. Keep it longer than the longest
-    #: time a message can spend in the broker.
-    RECEIVED_RETENTION = Setting(timedelta(days=7), seconds())
-    #: Rows deleted per reaper transaction.
-    REAP_BATCH_SIZE = Setting(5000, integer(minimum=1))
     #: Health checks (outbox_health, outbox.health_view): a reader whose oldest
     #: unpassed readable message is older than this is unhealthy.
     HEALTH_MAX_LAG = Setting(timedelta(seconds=60), seconds(allow_zero=False))
-    #: Health checks: a relay whose lease ran out more than this long ago (or
-    #: that holds none) is unhealthy: no relay is running.
-    HEALTH_MAX_LEASE_AGE = Setting(timedelta(seconds=10), seconds())
 
 
 outbox_settings = OutboxSettings()

@@ -18,7 +18,7 @@ update commit or roll back together::
 A crash before COMMIT loses the handler's writes together with the offset
 advance, so the batch is handled again, once. A handler that raises is
 rolled back to its savepoint; the offset stops before its message, which is
-retried after a growing pause and, after ``MAX_ATTEMPTS``, parked in
+retried after a growing pause and, after its ``max_attempts``, parked in
 ``outbox_dead_letters`` so the partition moves on. Its error is kept in its
 tenant's row of ``outbox_consumer_failures`` (never on the shared offset row)
 until the partition passes it.
@@ -36,9 +36,9 @@ from typing import Any, ClassVar
 from django.db import transaction
 from django.utils.module_loading import import_string
 
-from django_idempotency_outbox import metrics, tracing
+from django_idempotency_outbox import tracing
 from django_idempotency_outbox.durations import backoff
-from outbox import store
+from outbox import metrics, store
 from outbox.conf import outbox_settings
 from outbox.exceptions import ConsumerConfigError
 from outbox.store import HeadFailure
@@ -83,14 +83,27 @@ class Consumer:
         partitions: how many workers may share the consumer. Messages with one
             key always fall into one partition and are handled in order.
             Changing it needs the consumer's offsets reset (see docs/consumers.md).
-        batch_size, max_attempts: per-consumer overrides of the settings.
+        batch_size: messages per batch (one transaction).
+        max_attempts: attempts at one message before it is parked in the
+            dead-letter table, so that the stream keeps flowing.
+        retry_backoff, retry_backoff_max: seconds before the second attempt
+            at a failing message, doubled for each further one up to the
+            second. Its partition waits meanwhile.
+        lost_after: during a batch, the server ends the session of a consumer
+            whose host stopped answering after about this many seconds (TCP
+            keepalives and ``tcp_user_timeout``, set for the batch's
+            transaction only), which releases its partition; 0 leaves the
+            server's settings alone (docs/consumers.md, "Workers that vanish").
     """
 
     name: ClassVar[str] = ""
     topics: ClassVar[Sequence[str] | None] = None
     partitions: ClassVar[int] = 1
-    batch_size: ClassVar[int | None] = None
-    max_attempts: ClassVar[int | None] = None
+    batch_size: ClassVar[int] = 500
+    max_attempts: ClassVar[int] = 5
+    retry_backoff: ClassVar[float] = 1.0
+    retry_backoff_max: ClassVar[float] = 300.0
+    lost_after: ClassVar[float] = 3.0
 
     def handle(self, message: Message) -> None:
         raise NotImplementedError(f"{type(self).__name__}.handle() is not implemented")
@@ -111,6 +124,16 @@ def validate(consumer: Consumer) -> Consumer:
         consumer.partitions < 1
     ):
         raise ConsumerConfigError(f"{consumer.name}: partitions must be an int >= 1")
+    for attribute in ("batch_size", "max_attempts"):
+        value = getattr(consumer, attribute)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConsumerConfigError(f"{consumer.name}: {attribute} must be an int >= 1, "
+                                      f"not {value!r}")
+    for attribute in ("retry_backoff", "retry_backoff_max", "lost_after"):
+        value = getattr(consumer, attribute)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+            raise ConsumerConfigError(f"{consumer.name}: {attribute} must be a number of "
+                                      f"seconds, 0 or more, not {value!r}")
     if consumer.topics is not None and (
         isinstance(consumer.topics, str) or not all(isinstance(t, str) for t in consumer.topics)
     ):
@@ -223,12 +246,10 @@ def run_batch(consumer: Consumer, partition: int = 0) -> BatchResult:
 
 
 def _run_batch(consumer: Consumer, partition: int, worker: str, system: str) -> BatchResult:
-    limit = consumer.batch_size or outbox_settings.CONSUMER_BATCH_SIZE
-    max_attempts = consumer.max_attempts or outbox_settings.MAX_ATTEMPTS
+    limit = consumer.batch_size
+    max_attempts = consumer.max_attempts
     with transaction.atomic(using=worker):
-        offset = store.lock_offset(
-            worker, consumer.name, partition, lost_after=outbox_settings.CONSUMER_LOST_AFTER
-        )
+        offset = store.lock_offset(worker, consumer.name, partition, lost_after=consumer.lost_after)
         if offset is None:
             return BatchResult(locked=True)
         if offset.waiting:
@@ -274,7 +295,7 @@ def _run_batch(consumer: Consumer, partition: int, worker: str, system: str) -> 
             store.advance_offset(worker, consumer.name, partition,
                                  batch.position_after(offset.position, done + 1))
             return BatchResult(handled=done, failed=True, parked=True, full=True)
-        delay = _retry_delay(attempts)
+        delay = backoff(attempts, consumer.retry_backoff, consumer.retry_backoff_max)
         logger.warning(
             "outbox: consumer %s failed on message %s (tenant %s, %s), attempt %d of %d, "
             "retrying in %.1f s: %s",
@@ -287,10 +308,6 @@ def _run_batch(consumer: Consumer, partition: int, worker: str, system: str) -> 
         position = batch.position_after(offset.position, done)  # up to the failing message
         store.advance_offset(worker, consumer.name, partition, position, head_failure)
         return BatchResult(handled=done, failed=True)
-
-
-def _retry_delay(attempts: int) -> float:
-    return backoff(attempts, outbox_settings.RETRY_BACKOFF, outbox_settings.RETRY_BACKOFF_MAX)
 
 
 def _handle(

@@ -1,6 +1,6 @@
 """Parked messages: listing them and handling them again ("re-driving").
 
-A consumer parks a message after ``MAX_ATTEMPTS`` failures, so the rest of
+A consumer parks a message after its ``max_attempts`` failures, so the rest of
 its partition keeps flowing; a Celery receiver parks one after
 ``RECEIVER_MAX_ATTEMPTS`` (its rows are named ``celery:<task name>``). The
 dead-letter row is a full copy of the message. Re-driving runs the consumer's

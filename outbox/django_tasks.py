@@ -8,8 +8,10 @@ The relay enqueues each message as a task (:class:`DjangoTasksTransport`)::
 
     OUTBOX = {
         "TRANSPORT": "outbox.django_tasks.DjangoTasksTransport",
-        "TASKS_TASK": "shop.tasks.on_event",                       # every message...
-        "TASKS_TOPIC_TASKS": {"order.paid": "shop.tasks.send_receipt"},  # ...or per topic
+        "TASKS_TASK": {
+            "order.paid": "shop.tasks.send_receipt",  # a task per topic...
+            "*": "shop.tasks.on_event",               # ...and one for every other topic
+        },
     }
 
 and a receiver is a task built by :func:`receiver_task`::
@@ -20,8 +22,8 @@ and a receiver is a task built by :func:`receiver_task`::
 
 It keeps the promises of a Celery receiver (docs/django-tasks.md): its record
 in ``outbox_received`` drops duplicates in the transaction of its writes; a
-failure is retried (a new task, after ``RECEIVER_RETRY_BACKOFF`` doubled per
-attempt, where the backend can defer) and parked in ``outbox_dead_letters``
+failure is retried (a new task, after 1 s doubled per attempt up to
+``RECEIVER_RETRY_BACKOFF_MAX``, where the backend can defer) and parked in ``outbox_dead_letters``
 as ``tasks:<task path>`` after ``RECEIVER_MAX_ATTEMPTS``; the tenant comes
 from the envelope; with ``SIGNING_KEYS`` set an envelope that does not verify
 is refused.
@@ -57,7 +59,7 @@ from django.utils.module_loading import import_string
 
 from django_idempotency_outbox.errors import ConfigurationError
 from outbox import signing
-from outbox.conf import outbox_settings
+from outbox.conf import outbox_settings, task_for
 from outbox.exceptions import BadSignature
 from outbox.receivers import park, receive, retry_pause
 from outbox.stream import Message
@@ -66,6 +68,12 @@ from outbox.transports import Transport
 T = TypeVar("T")
 
 logger = logging.getLogger("outbox")
+
+#: A receiver task still marked RUNNING this long after it started (seconds),
+#: whose row no receiver holds, is made ready again by requeue_outbox_tasks
+#: (``--stalled-after``): longer than a worker takes from claiming a task to
+#: its receiver's first statement.
+STALLED_AFTER = 30.0
 
 #: How the dead letters of a Django task are named in ``outbox_dead_letters.consumer``.
 DEAD_LETTER_PREFIX = "tasks:"
@@ -127,18 +135,15 @@ def load_task(path: str) -> Any:
 
 
 def configured_task_paths() -> list[str]:
-    """``OUTBOX["TASKS_TASK"]`` and the values of ``TASKS_TOPIC_TASKS``, each once."""
-    paths = set(outbox_settings.TASKS_TOPIC_TASKS.values())
-    if outbox_settings.TASKS_TASK:
-        paths.add(outbox_settings.TASKS_TASK)
-    return sorted(paths)
+    """The tasks ``OUTBOX["TASKS_TASK"]`` names, each once."""
+    return sorted(set(outbox_settings.TASKS_TASK.values()))
 
 
 # -- the transport -------------------------------------------------------------------
 
 
 class DjangoTasksTransport(Transport):
-    """Enqueues each message as a Django task: ``TASKS_TOPIC_TASKS[topic]`` or ``TASKS_TASK``.
+    """Enqueues each message as a Django task: the one ``OUTBOX["TASKS_TASK"]`` names for its topic.
 
     The task is called with the message's envelope (a JSON-serialisable dict,
     signed when ``SIGNING_KEYS`` is set). When every task of a batch uses
@@ -150,11 +155,11 @@ class DjangoTasksTransport(Transport):
     """
 
     def task_for(self, topic: str) -> Any:
-        path = outbox_settings.TASKS_TOPIC_TASKS.get(topic) or outbox_settings.TASKS_TASK
+        path = task_for(outbox_settings.TASKS_TASK, topic)
         if not path:
             raise ConfigurationError(
-                f'no Django task for topic {topic!r}: set OUTBOX["TASKS_TASK"] or '
-                'OUTBOX["TASKS_TOPIC_TASKS"]')
+                f'no Django task for topic {topic!r}: set OUTBOX["TASKS_TASK"] (a task, or a '
+                'dict topic -> task with "*" for every other topic)')
         return load_task(str(path))
 
     def send(self, messages: Sequence[Message]) -> None:
@@ -191,7 +196,7 @@ class DjangoTasksTransport(Transport):
         if not paths:
             return [checks.Error(
                 "OUTBOX[\"TRANSPORT\"] is the Django tasks transport but no task is set.",
-                hint='Set OUTBOX["TASKS_TASK"] or OUTBOX["TASKS_TOPIC_TASKS"].',
+                hint='Set OUTBOX["TASKS_TASK"] (a task, or a dict topic -> task).',
                 id="outbox.E120")]
         problems: list[checks.CheckMessage] = []
         durable, dummy = _database_backend(), _dummy_backend()
@@ -293,7 +298,7 @@ def _hold(result_id: str, backend: Any) -> None:
     While the receiver runs, its row is locked; once the receiver's
     transaction ends (committed, rolled back, or its worker killed) it is not.
     :func:`requeue_stalled` skips locked rows: a RUNNING task whose row is free
-    past ``TASKS_STALLED_AFTER`` has no live receiver.
+    past :data:`STALLED_AFTER` has no live receiver.
     """
     backend_class = _database_backend()
     if backend_class is None or not isinstance(backend, backend_class):
@@ -358,12 +363,12 @@ def requeue_stalled(*, stalled_after: float | None = None) -> int:
     """Make ready again the receiver tasks of django-tasks-db that no live worker holds.
 
     A task the worker marked RUNNING more than ``stalled_after`` seconds ago
-    (``OUTBOX["TASKS_STALLED_AFTER"]``) whose row no receiver holds locked (its
+    (:data:`STALLED_AFTER` unless given) whose row no receiver holds locked (its
     worker died mid-task: its transaction, and with it the receiver's effects
     and record, was rolled back), and a receiver task that ended FAILED (it
     could not settle its message), is set READY: a worker runs it again, and
     the receiver's record drops it if it had been handled after all. Only the
-    tasks named by ``TASKS_TASK`` and ``TASKS_TOPIC_TASKS`` are touched.
+    tasks ``TASKS_TASK`` names are touched.
 
     Returns:
         how many tasks were made ready.
@@ -377,7 +382,7 @@ def requeue_stalled(*, stalled_after: float | None = None) -> int:
     from django.db.models.functions import Now
     from django_tasks_db.models import DBTaskResult
 
-    after = outbox_settings.TASKS_STALLED_AFTER if stalled_after is None else stalled_after
+    after = STALLED_AFTER if stalled_after is None else stalled_after
     paths = configured_task_paths()
     database = router.db_for_write(DBTaskResult)
     before = ExpressionWrapper(Now() - Value(timedelta(seconds=after)),

@@ -5,13 +5,13 @@ message older than ``OUTBOX["HEALTH_MAX_LAG"]`` that it has not passed —
 whatever holds it back: the reader is slow or stopped, its head message keeps
 failing, or an open transaction that published for the message's tenant holds
 that tenant back (each problem says which) — or when the relay
-(``OUTBOX["RELAY"]``) holds no lease, or one that ran out more than
-``OUTBOX["HEALTH_MAX_LEASE_AGE"]`` ago: a running relay renews its lease every
-quarter of ``RELAY_LEASE`` even when idle, so a stale lease means no relay is
-running. Consumers hold no lease: a dead consumer shows as lag once a message
-waits for it. ``outbox_health`` (the command) and :func:`outbox.health_view`
-(the view) both answer from :func:`check`, which judges what
-:func:`outbox.status.observe` reads.
+(unless ``OUTBOX["TRANSPORT"]`` is None) holds no lease, or one that ran out
+more than :data:`MAX_LEASE_AGE` ago (``outbox_health --max-lease-age``): a
+running relay renews its lease every quarter of ``RELAY_LEASE`` even when
+idle, so a stale lease means no relay is running. Consumers hold no lease:
+a dead consumer shows as lag once a message waits for it. ``outbox_health``
+(the command) and :func:`outbox.health_view` (the view) both answer from
+:func:`check`, which judges what :func:`outbox.observe` reads.
 """
 
 from __future__ import annotations
@@ -21,9 +21,14 @@ from dataclasses import dataclass, field
 
 from outbox.conf import outbox_settings
 from outbox.consumers import configured_consumers
-from outbox.status import Observation, observe
+from outbox.observation import Observation, observe
+from outbox.relay import relay_readers
 from outbox.store import ReaderState
 
+#: Seconds a relay's lease may have run out before the relay counts as not
+#: running (``outbox_health --max-lease-age``): a running relay renews it every
+#: quarter of ``RELAY_LEASE``, idle or not, so ten seconds is a stopped relay.
+MAX_LEASE_AGE = 10.0
 
 @dataclass(frozen=True)
 class Health:
@@ -49,11 +54,13 @@ def check(
 
     Args:
         max_lag: seconds (``HEALTH_MAX_LAG``).
-        max_lease_age: seconds (``HEALTH_MAX_LEASE_AGE``).
+        max_lease_age: seconds (:data:`MAX_LEASE_AGE`).
         readers: consumer names, or ``relay:<name>``; empty: every configured
-            consumer, and the relay when ``relay``.
-        relay: check the relay's lease (``OUTBOX["RELAY"]`` when None; only
-            when no ``readers`` are named, or the relay is among them).
+            consumer, and the relays when ``relay``.
+        relay: check the relays' leases (when None: unless ``OUTBOX["TRANSPORT"]``
+            is None; only when no ``readers`` are named, or a relay is among
+            them). The relays are every relay that has run, or ``relay:default``
+            when none has yet.
         using: the system alias.
 
     Raises:
@@ -61,15 +68,13 @@ def check(
             itself unhealthy: the callers say so).
     """
     lag_limit = outbox_settings.HEALTH_MAX_LAG if max_lag is None else max_lag
-    lease_limit = (outbox_settings.HEALTH_MAX_LEASE_AGE if max_lease_age is None
-                   else max_lease_age)
-    relay_name = f"relay:{outbox_settings.RELAY_NAME}"
+    lease_limit = MAX_LEASE_AGE if max_lease_age is None else max_lease_age
+    seen = observe(using)
     wanted = list(readers)
     if not wanted:
         wanted = [c.name for c in configured_consumers()]
-        if outbox_settings.RELAY if relay is None else relay:
-            wanted.append(relay_name)
-    seen = observe(using)
+        if outbox_settings.TRANSPORT is not None if relay is None else relay:
+            wanted.extend(relay_readers(r.name for r in seen.readers))
     rows = [r for r in seen.readers if r.name in wanted]
     problems: list[str] = []
     present = {r.name for r in rows}

@@ -28,6 +28,9 @@ logger = logging.getLogger("outbox")
 #: the connection was cut, a backend was terminated.
 DATABASE_ERRORS: tuple[type[BaseException], ...] = (OperationalError, InterfaceError)
 
+#: The first pause after losing the database, in seconds, doubled for each
+#: further failure up to the second.
+DATABASE_BACKOFF = 1.0
 MAX_DATABASE_BACKOFF = 30.0
 
 
@@ -89,7 +92,7 @@ def run_loop(
             if once:
                 raise
             failures += 1
-            pause = backoff(failures, outbox_settings.DATABASE_BACKOFF, MAX_DATABASE_BACKOFF)
+            pause = backoff(failures, DATABASE_BACKOFF, MAX_DATABASE_BACKOFF)
             logger.warning(
                 "outbox: %s lost the database (%s); retrying in %.1f s",
                 name, str(exc).strip().splitlines()[0] if str(exc).strip() else exc, pause,

@@ -16,6 +16,32 @@ from typing import Any
 from django.db import models
 from django.db.models.functions import Now
 
+from tenancy.privileges import APP, DML, SYSTEM, WORKER, TablePrivileges
+
+#: Each role's privileges on the outbox's tables (tenancy.privileges collects
+#: them: the grants of migrate, check tenancy.E017/E018, docs/roles.md).
+#:
+#: - app (the web process, receivers): publishes (the outbox is append-only),
+#:   parks and re-drives as its tenant, remembers received messages; nothing
+#:   on the shared delivery state (offsets, leases) nor on the consumers'
+#:   failures.
+#: - worker (consumers, relays): the only role that may lock (``FOR UPDATE``
+#:   needs UPDATE), advance and lease offsets; handlers publish and park, as
+#:   their message's tenant.
+#: - system (cross-tenant reads and upkeep): reads the stream, offsets,
+#:   failures and dead letters; deletes what retention deletes.
+TABLE_PRIVILEGES: TablePrivileges = {
+    "outbox_messages": {
+        APP: ("SELECT", "INSERT"),
+        WORKER: ("SELECT", "INSERT"),
+        SYSTEM: ("SELECT", "DELETE"),
+    },
+    "consumer_offsets": {WORKER: ("SELECT", "INSERT", "UPDATE"), SYSTEM: ("SELECT",)},
+    "outbox_consumer_failures": {WORKER: DML, SYSTEM: ("SELECT",)},
+    "outbox_dead_letters": {APP: DML, WORKER: ("SELECT", "INSERT"), SYSTEM: ("SELECT",)},
+    "outbox_received": {APP: ("SELECT", "INSERT"), SYSTEM: ("SELECT", "DELETE")},
+}
+
 
 class XID8Field(models.Field):  # type: ignore[type-arg]
     """PostgreSQL's ``xid8``: a 64-bit transaction id that never wraps around."""
@@ -131,7 +157,7 @@ class ConsumerFailure(models.Model):
 
 
 class DeadLetter(models.Model):
-    """A message a consumer gave up on after ``MAX_ATTEMPTS``, kept for people.
+    """A message a consumer gave up on after its ``max_attempts``, kept for people.
 
     A copy of the message, so the reaper may delete the original. Re-driving
     runs the consumer's handler again and deletes the row in the same

@@ -11,8 +11,8 @@ from typing import Any
 from django.db import connections, transaction
 from django.utils.module_loading import import_string
 
-from django_idempotency_outbox import metrics, tracing
-from outbox import store
+from django_idempotency_outbox import tracing
+from outbox import metrics, store
 from outbox.conf import outbox_settings
 from outbox.exceptions import NoTenant, NotInTransaction
 from tenancy import current_tenant_id

@@ -35,9 +35,9 @@ from typing import Any, TypeVar
 from django.db import transaction
 from django.utils import timezone
 
-from django_idempotency_outbox import metrics, tracing
+from django_idempotency_outbox import tracing
 from django_idempotency_outbox.durations import backoff
-from outbox import signing, store
+from outbox import metrics, signing, store
 from outbox.conf import outbox_settings
 from outbox.stream import Message
 from tenancy import tenant_context
@@ -106,7 +106,7 @@ def receiver(
     The decorated function takes a :class:`Message` (plus any further
     arguments the task is called with) and is skipped for a duplicate. When a
     Celery worker runs it as a task's body, a failure is retried with backoff
-    (``OUTBOX["RECEIVER_RETRY_BACKOFF"]``, ``RECEIVER_RETRY_BACKOFF_MAX``) up to
+    (1 s, doubled per attempt up to ``OUTBOX["RECEIVER_RETRY_BACKOFF_MAX"]``) up to
     ``OUTBOX["RECEIVER_MAX_ATTEMPTS"]`` attempts, then the message is parked in
     ``outbox_dead_letters`` as ``celery:<task name>`` (see :mod:`outbox.celery`).
     Called directly, eagerly or by ``apply()``, a failure simply propagates.
@@ -149,11 +149,15 @@ def _running_task(run: Callable[..., Any]) -> Any:
 # -- what a worker does when a receiver fails (Celery's and Django tasks' alike) ----
 
 
+#: The pause before a receiver's second attempt, in seconds; doubled for each
+#: further one, up to ``OUTBOX["RECEIVER_RETRY_BACKOFF_MAX"]``.
+RETRY_BACKOFF = 1.0
+
+
 def retry_pause(attempt: int) -> float:
-    """Seconds before attempt ``attempt + 1``: ``RECEIVER_RETRY_BACKOFF`` doubled per attempt,
+    """Seconds before attempt ``attempt + 1``: :data:`RETRY_BACKOFF` doubled per attempt,
     up to ``RECEIVER_RETRY_BACKOFF_MAX``."""
-    s = outbox_settings
-    return backoff(attempt, s.RECEIVER_RETRY_BACKOFF, s.RECEIVER_RETRY_BACKOFF_MAX)
+    return backoff(attempt, RETRY_BACKOFF, outbox_settings.RECEIVER_RETRY_BACKOFF_MAX)
 
 
 def park(consumer: str, message: Message, attempts: int, exc: BaseException,

@@ -49,11 +49,9 @@ compare-and-set on the old position and the lease fails.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -62,9 +60,10 @@ from typing import Any
 
 from django.db import close_old_connections, connections
 
-from django_idempotency_outbox import metrics, tracing
+from django_idempotency_outbox import tracing
 from django_idempotency_outbox.durations import backoff
-from outbox import signing, store
+from django_idempotency_outbox.leases import owner_id
+from outbox import metrics, signing, store
 from outbox.conf import outbox_settings
 from outbox.consumers import require_cross_tenant_reader
 from outbox.exceptions import RewindRefused
@@ -75,6 +74,28 @@ from outbox.transports import Transport, get_transport
 from tenancy.aliases import system_alias, worker_alias
 
 logger = logging.getLogger("outbox")
+
+#: The relay's name unless it is given one (``relay_outbox --name``): its
+#: offset row is ``relay:default``.
+DEFAULT_NAME = "default"
+#: Messages read and sent per round (``relay_outbox --batch-size``).
+BATCH_SIZE = 1000
+#: The first pause after the broker failed, in seconds, doubled for each
+#: further failure up to the second: a broker back after an outage is used
+#: again within half a minute.
+BROKER_BACKOFF = 0.5
+BROKER_BACKOFF_MAX = 30.0
+
+
+def relay_readers(names: Iterable[str]) -> list[str]:
+    """The relays' offset rows among reader ``names``; ``relay:default`` when there are none.
+
+    What retention waits for and health checks: every relay that has run,
+    whatever its name, or the default one when none has yet (it will start
+    from the beginning of the outbox).
+    """
+    found = sorted({name for name in names if name.startswith("relay:")})
+    return found or [f"relay:{DEFAULT_NAME}"]
 
 
 class _Heartbeat:
@@ -225,9 +246,9 @@ class Relay:
     Args:
         transport: a :class:`~outbox.transports.Transport`; ``OUTBOX["TRANSPORT"]``
             when omitted.
-        name: the relay's offset is the row ``relay:<name>``; ``OUTBOX["RELAY_NAME"]``
-            when omitted. Relays with different names each deliver everything.
-        batch_size: messages per round; ``OUTBOX["RELAY_BATCH_SIZE"]`` when omitted.
+        name: the relay's offset is the row ``relay:<name>``; ``default`` when
+            omitted. Relays with different names each deliver everything.
+        batch_size: messages per round; 1000 when omitted.
     """
 
     def __init__(
@@ -238,10 +259,10 @@ class Relay:
         batch_size: int | None = None,
     ) -> None:
         self.transport = get_transport(transport)
-        self.name = name or outbox_settings.RELAY_NAME
+        self.name = name or DEFAULT_NAME
         self.offset_name = f"relay:{self.name}"
-        self.batch_size = batch_size or outbox_settings.RELAY_BATCH_SIZE
-        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.batch_size = batch_size or BATCH_SIZE
+        self.owner = owner_id()
         self.alias = system_alias()  # reads the stream across tenants
         self.lease_alias = worker_alias()  # the offset row: lease, heartbeat, advance
         self.stop = threading.Event()
@@ -328,8 +349,8 @@ class Relay:
             self._broker_failures += 1
             pause = backoff(
                 self._broker_failures,
-                outbox_settings.BROKER_BACKOFF,
-                outbox_settings.BROKER_BACKOFF_MAX,
+                BROKER_BACKOFF,
+                BROKER_BACKOFF_MAX,
             )
             logger.warning(
                 "outbox: relay %s could not send %d message(s) (%s: %s); "
@@ -440,19 +461,19 @@ def rewind(
         to: a message id (that message and everything after it in delivery
             order), or a time with a time zone (every message published since,
             and possibly a few published shortly before, which sort after them).
-        name: the relay (``OUTBOX["RELAY_NAME"]``).
+        name: the relay (``default`` unless given).
         dry_run: say what would be sent again; change nothing.
         using: the system alias.
 
     Raises:
         RewindRefused: the target is not in the outbox, or is older than what
             retention keeps (``RETENTION``: messages after it may be deleted
-            already) or than what receivers remember (``RECEIVED_RETENTION``:
-            they would run those messages' effects a second time).
+            already, and receivers have forgotten their ids: they would run
+            those messages' effects a second time).
     """
     alias = system_alias(using)
     require_cross_tenant_reader(alias)
-    relay = name or outbox_settings.RELAY_NAME
+    relay = name or DEFAULT_NAME
     offset_name = f"relay:{relay}"
     if isinstance(to, uuid.UUID):
         target = store.mark_of_message(alias, to)
@@ -496,7 +517,6 @@ def rewind(
 def _refuse_past_retention(alias: str, since: datetime) -> None:
     now = store.database_now(alias)
     kept = now - timedelta(seconds=outbox_settings.RETENTION)
-    remembered = now - timedelta(seconds=outbox_settings.RECEIVED_RETENTION)
     if since < kept:
         oldest = store.oldest_mark(alias)
         has = (f"the oldest message kept is {oldest.message_id}, published {oldest.created_at}"
@@ -504,13 +524,6 @@ def _refuse_past_retention(alias: str, since: datetime) -> None:
         raise RewindRefused(
             f"{since} is older than what the outbox keeps: reap_outbox deletes messages older "
             f'than OUTBOX["RETENTION"] that every reader has passed, so messages published '
-            f"between {since} and {kept} may be missing and would not be sent again ({has}). "
-            f"Rewind to {kept} or later."
-        )
-    if since < remembered:
-        raise RewindRefused(
-            f"{since} is older than what receivers remember: they forget message ids after "
-            f'OUTBOX["RECEIVED_RETENTION"], so messages published between {since} and '
-            f"{remembered} would have their effects run a second time. Rewind to {remembered} "
-            "or later."
+            f"between {since} and {kept} may be missing and would not be sent again, and "
+            f"receivers have forgotten their ids ({has}). Rewind to {kept} or later."
         )

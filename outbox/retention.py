@@ -10,7 +10,8 @@ offset rows deleted, or it holds retention back (``outbox_status`` shows it).
 
 Runs on the system alias, in bounded batches (one short transaction each),
 along the delivery index. Also forgets receiver records older than
-``OUTBOX["RECEIVED_RETENTION"]``.
+``OUTBOX["RETENTION"]``: a message can be sent again (a rewind, a broker's
+redelivery) only while it is kept, so its id need not be remembered longer.
 """
 
 from __future__ import annotations
@@ -18,14 +19,17 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from django_idempotency_outbox import metrics
-from outbox import store
+from outbox import metrics, store
 from outbox.conf import outbox_settings
 from outbox.consumers import configured_consumers
+from outbox.relay import relay_readers
 from tenancy.aliases import system_alias
 from tenancy.db import require_cross_tenant, tenants_with_rows
 
 logger = logging.getLogger("outbox")
+
+#: Rows deleted per transaction (``reap_outbox --batch-size``).
+BATCH_SIZE = 5000
 
 
 @dataclass(frozen=True)
@@ -43,9 +47,9 @@ def horizon(using: str | None = None) -> int | None:
     """
     alias = system_alias(using)
     expected = {(c.name, p) for c in configured_consumers() for p in range(c.partitions)}
-    if outbox_settings.RELAY:
-        expected.add((f"relay:{outbox_settings.RELAY_NAME}", 0))
     readers = store.reader_positions(alias)
+    if outbox_settings.TRANSPORT is not None:
+        expected.update((name, 0) for name in relay_readers(r.name for r in readers))
     present = {(r.name, r.partition) for r in readers}
     if not readers or expected - present:
         return None
@@ -60,7 +64,7 @@ def reap(batch_size: int | None = None, using: str | None = None) -> ReapResult:
             (it would see, and delete, at most one tenant's rows).
     """
     alias = system_alias(using)
-    size = batch_size or outbox_settings.REAP_BATCH_SIZE
+    size = batch_size or BATCH_SIZE
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"batch size must be a positive int, not {size!r}")
     require_cross_tenant(alias, ["outbox_messages", "outbox_received"], job="reap_outbox")
@@ -76,7 +80,7 @@ def reap(batch_size: int | None = None, using: str | None = None) -> ReapResult:
             if deleted < size:
                 break
     received = 0
-    keep = outbox_settings.RECEIVED_RETENTION
+    keep = retention
     for tenant_id in tenants_with_rows(alias, "outbox_received"):
         while True:
             deleted = store.delete_received(alias, tenant_id, keep, size)

@@ -37,6 +37,7 @@ from django.db.models import Count, F, Q
 from django.db.models.functions import Now
 
 from django_idempotency_outbox import statements
+from django_idempotency_outbox.leases import LeaseRow
 from django_idempotency_outbox.statements import Statement
 from outbox.stream import ENVELOPE_KEYS, Batch, Envelope, Message, Position
 from tenancy.context import execute_pinned
@@ -596,41 +597,17 @@ def reader_positions(using: str) -> list[ReaderPosition]:
 
 # -- the relay's lease --------------------------------------------------------
 
-# Hand-written: a compare-and-set on the lease, taken from the database clock,
-# returning the position in the same round trip.
-_CLAIM_LEASE = """
-UPDATE consumer_offsets
-   SET lease_owner = %s, lease_until = now() + make_interval(secs => %s)
- WHERE name = %s AND partition = 0
-   AND (lease_owner = %s OR lease_until IS NULL OR lease_until < now())
-RETURNING last_id, held::text
-"""
-
-# Hand-written: extends the lease only while it is still this owner's. The
-# commit does not wait for the WAL flush (set for this statement's own
-# transaction): a renewal lost in a crash costs nothing, since everyone
-# reconnects after one, and a slow flush must not make a live relay miss its
-# renewal. The lease decides who works, never what is delivered: the
-# compare-and-set below is the fence.
-_RENEW_LEASE = """
-UPDATE consumer_offsets
-   SET lease_until = now() + make_interval(secs => %s)
-  FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async
- WHERE name = %s AND partition = 0 AND lease_owner = %s
-"""
+#: The relay's lease lives on its offset row (partition 0), so that a claim
+#: returns the position in the same round trip and the advance below compares
+#: the owner in the same statement (django_idempotency_outbox.leases).
+RELAY_LEASE = LeaseRow("consumer_offsets", "name = %(name)s AND partition = 0",
+                       returning="last_id, held::text")
 
 # Hand-written: a compare-and-set on the old position and the lease owner.
 _ADVANCE_LEASED = """
 UPDATE consumer_offsets
    SET last_id = %s, held = %s::jsonb, last_processed_at = now()
  WHERE name = %s AND partition = 0 AND last_id = %s AND held = %s::jsonb AND lease_owner = %s
-"""
-
-
-# Hand-written: the lease given up, pinned as every statement of the relay's lease.
-_RELEASE_LEASE = """
-UPDATE consumer_offsets SET lease_until = NULL, lease_owner = ''
- WHERE name = %s AND partition = 0 AND lease_owner = %s
 """
 
 
@@ -643,13 +620,14 @@ def claim_lease(using: str, name: str, owner: str, seconds: float) -> Position |
     Returns:
         The row's position, or None while another owner's lease runs.
     """
+    lease = {"name": name, "owner": owner, "seconds": seconds}
     with connections[using].cursor() as cursor:
-        execute_pinned(cursor, using, _CLAIM_LEASE, [owner, seconds, name, owner])
+        execute_pinned(cursor, using, RELAY_LEASE.claim, lease)
         row = cursor.fetchone()
         if row is None:
             execute_pinned(cursor, using, _CREATE_OFFSETS, [name, 1, 1])
             if cursor.rowcount:
-                execute_pinned(cursor, using, _CLAIM_LEASE, [owner, seconds, name, owner])
+                execute_pinned(cursor, using, RELAY_LEASE.claim, lease)
                 row = cursor.fetchone()
     if row is None:
         return None
@@ -663,7 +641,8 @@ def renew_lease(using: str, name: str, owner: str, seconds: float) -> bool:
         False when the lease is no longer ``owner``'s (another relay took it).
     """
     with connections[using].cursor() as cursor:
-        execute_pinned(cursor, using, _RENEW_LEASE, [seconds, name, owner])
+        execute_pinned(cursor, using, RELAY_LEASE.renew,
+                       {"name": name, "owner": owner, "seconds": seconds})
         return int(cursor.rowcount) == 1
 
 
@@ -685,7 +664,7 @@ def advance_leased(
 def release_lease(using: str, name: str, owner: str) -> None:
     """Give up ``owner``'s lease on the offset row ``name`` (nothing if it is not ``owner``'s)."""
     with connections[using].cursor() as cursor:
-        execute_pinned(cursor, using, _RELEASE_LEASE, [name, owner])
+        execute_pinned(cursor, using, RELAY_LEASE.release, {"name": name, "owner": owner})
 
 
 # -- rewinding the relay ------------------------------------------------------

@@ -20,7 +20,7 @@ from django.utils.module_loading import import_string
 
 from django_idempotency_outbox import tracing
 from django_idempotency_outbox.errors import ConfigurationError
-from outbox.conf import outbox_settings
+from outbox.conf import outbox_settings, task_for
 from outbox.stream import Envelope, Message
 
 logger = logging.getLogger("outbox.transport")
@@ -69,7 +69,7 @@ class CeleryTransport(Transport):
     The task receives one argument, the message envelope
     (:meth:`outbox.stream.Message.envelope`, a JSON-serialisable dict) and is
     sent with ``task_id`` = the message id. The task is
-    ``OUTBOX["CELERY_TOPIC_TASKS"][topic]``, else ``OUTBOX["CELERY_TASK"]``;
+    the one ``OUTBOX["CELERY_TASK"]`` names for its topic;
     its queue is ``OUTBOX["CELERY_QUEUE"]``, else Celery's own routing
     (``task_routes``). A batch is written to the broker in one round trip
     where kombu supports it (Redis, kombu >= 5.7).
@@ -130,11 +130,11 @@ class CeleryTransport(Transport):
         return self._app
 
     def task_for(self, topic: str) -> str:
-        task = outbox_settings.CELERY_TOPIC_TASKS.get(topic) or outbox_settings.CELERY_TASK
+        task = task_for(outbox_settings.CELERY_TASK, topic)
         if not task:
             raise ConfigurationError(
-                f'no Celery task for topic {topic!r}: set OUTBOX["CELERY_TASK"] or '
-                'OUTBOX["CELERY_TOPIC_TASKS"]'
+                f'no Celery task for topic {topic!r}: set OUTBOX["CELERY_TASK"] (a task, or a '
+                'dict topic -> task with "*" for every other topic)'
             )
         return str(task)
 
@@ -674,6 +674,11 @@ class _Template:
 def get_transport(transport: Transport | str | None = None) -> Transport:
     """The transport named by ``OUTBOX["TRANSPORT"]`` (a dotted class path or an instance)."""
     value = transport if transport is not None else outbox_settings.TRANSPORT
+    if value is None:
+        raise ConfigurationError(
+            'OUTBOX["TRANSPORT"] is None: this project runs no relay (name a transport, or '
+            "give relay_outbox --transport)"
+        )
     if isinstance(value, Transport):
         return value
     if isinstance(value, str):

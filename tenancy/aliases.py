@@ -11,7 +11,10 @@ are called (docs/roles.md, "Which process connects as which role"):
   only role that may lock, advance and lease offsets. A consumer's batch is
   one transaction on it: the offset lock, the handlers (in their tenants'
   contexts) and the offset advance;
-- the system alias: cross-tenant reads and upkeep (stream, status, reapers).
+- the system alias: cross-tenant reads and upkeep (stream, status, reapers);
+- the admin alias: cross-tenant reads for people and monitors (the admin's
+  lists, the metrics' gauges), the system alias unless
+  ``TENANCY["ADMIN_DATABASE"]`` names a read-only one.
 
 :func:`tenant_alias` is where tenant work runs *now*: the app alias, or the
 worker alias while :func:`working_as_worker` is open (a consumer's batch), so
@@ -72,6 +75,27 @@ def system_alias(using: str | None = None) -> str:
             f"Database alias {alias!r} is not configured: cross-tenant work (reaping, "
             "relaying, reading the outbox) needs a connection as the system role "
             '(TENANCY["SYSTEM_DATABASE"], docs/roles.md).'
+        )
+    return alias
+
+
+def admin_alias(using: str | None = None) -> str:
+    """The alias the admin's lists and the metrics' gauges read every tenant's rows through.
+
+    ``TENANCY["ADMIN_DATABASE"]``, else the system alias. Cross-tenant
+    credentials in the web process widen what a bug there can reach: a role
+    of its own, with ``BYPASSRLS`` and ``SELECT`` only, narrows them.
+
+    Raises:
+        ConfigurationError: the alias is not in ``DATABASES``.
+    """
+    alias = using or tenancy_settings.ADMIN_DATABASE
+    if alias is None:
+        return system_alias()
+    if alias not in settings.DATABASES:
+        raise ConfigurationError(
+            f"Database alias {alias!r} is not configured: the admin's lists and the metrics' "
+            'gauges read through it (TENANCY["ADMIN_DATABASE"], docs/settings.md).'
         )
     return alias
 

@@ -8,6 +8,7 @@ superuser, as a role with BYPASSRLS, or as the owner of the tables.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -15,11 +16,12 @@ from django.conf import settings
 from django.core import checks
 from django.db import DatabaseError, router
 
-from django_idempotency_outbox.conf import registered
+from django_idempotency_outbox.conf import CheckIds, check
 from django_idempotency_outbox.errors import ConfigurationError
+from django_idempotency_outbox.observability import observability_settings
 from tenancy.conf import tenancy_settings
 from tenancy.db import (
-    LIBRARY_APPS,  # the library's own apps: they pass their alias to every query themselves
+    library_apps,  # the library's own apps: they pass their alias to every query themselves
     role_facts,
     table_facts,
     tenant_isolated_models,
@@ -30,11 +32,27 @@ from tenancy.db import (
 def register() -> None:
     checks.register(check_settings)
     checks.register(check_routing)
-    checks.register(check_database_roles, checks.Tags.database)
-    checks.register(check_privileges, checks.Tags.database)
-    checks.register(check_project_privileges, checks.Tags.database)
+    checks.register(_unless_unreadable(check_database_roles), checks.Tags.database)
+    checks.register(_unless_unreadable(check_privileges), checks.Tags.database)
+    checks.register(_unless_unreadable(check_project_privileges), checks.Tags.database)
     checks.register(check_policy_declarations)
-    checks.register(check_temporary, checks.Tags.database)
+    checks.register(_unless_unreadable(check_temporary), checks.Tags.database)
+
+
+def _unless_unreadable(check: Any) -> Any:
+    """``check``, skipped while ``TENANCY`` cannot be read (:func:`check_settings` says why)."""
+
+    @functools.wraps(check)
+    def guarded(*args: Any, **kwargs: Any) -> list[checks.CheckMessage]:
+        try:
+            tenancy_settings.invalid_keys()
+        except ConfigurationError:
+            return []  # not a dict: tenancy.E001
+        if tenancy_settings.invalid_keys():
+            return []  # a value that cannot be converted: tenancy.E007
+        return check(*args, **kwargs)  # type: ignore[no-any-return]
+
+    return guarded
 
 
 def _is_postgresql(alias: str) -> bool:
@@ -46,34 +64,22 @@ def _is_postgresql(alias: str) -> bool:
     }
 
 
+#: The ids under which tenancy reports its own settings dict (and the shared
+#: package's OBSERVABILITY): each app reports its own dict under its own ids.
+SETTINGS_CHECK_IDS = CheckIds(
+    not_a_dict="tenancy.E001", unknown="tenancy.E002", invalid="tenancy.E007",
+    removed="tenancy.E002",  # a key it does not take, the message naming what replaces it
+)
+
+
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     errors: list[checks.CheckMessage] = []
-    for app_settings in registered():
-        try:
-            unknown = app_settings.unknown_keys()
-            invalid = app_settings.invalid_keys()
-        except Exception as exc:  # ConfigurationError: not a dict
-            errors.append(checks.Error(str(exc), id="tenancy.E001"))
-            continue
-        for key in unknown:
-            errors.append(
-                checks.Error(
-                    f"Unknown setting {app_settings.name}[{key!r}].",
-                    hint=f"Known settings: {', '.join(sorted(app_settings.defaults))}.",
-                    id="tenancy.E002",
-                )
-            )
-        for key, problem in sorted(invalid.items()):
-            errors.append(
-                checks.Error(
-                    f"Invalid setting {app_settings.label(key)}: {problem}",
-                    hint="docs/settings.md lists each setting's type and default.",
-                    id="tenancy.E007",
-                )
-            )
+    for app_settings in (tenancy_settings, observability_settings):
+        errors.extend(check(app_settings, SETTINGS_CHECK_IDS))
     try:
         app_alias = tenancy_settings.APP_DATABASE
         system_alias = tenancy_settings.SYSTEM_DATABASE
+        admin_alias = tenancy_settings.ADMIN_DATABASE
     except ConfigurationError:
         return errors  # reported above (E001 or E007)
     if app_alias not in settings.DATABASES:
@@ -99,6 +105,15 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 "and relays keep their offsets through a connection as the worker role.",
                 hint="Add a DATABASES entry that logs in as the worker role (docs/roles.md).",
                 id="tenancy.W019",
+            )
+        )
+    if admin_alias is not None and admin_alias not in settings.DATABASES:
+        errors.append(
+            checks.Error(
+                f'TENANCY["ADMIN_DATABASE"] = {admin_alias!r} is not in DATABASES: the admin\'s '
+                "lists and the metrics' outbox gauges are read through it.",
+                hint="Add its DATABASES entry, or leave the setting out (the system alias).",
+                id="tenancy.E032",
             )
         )
     errors.extend(_check_distinct_roles())
@@ -155,7 +170,7 @@ def check_routing(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMe
     if app_alias not in settings.DATABASES:
         return []  # tenancy.E003
     errors: list[checks.CheckMessage] = []
-    own = [m for m in tenant_isolated_models() if m._meta.app_label not in LIBRARY_APPS]
+    own = [m for m in tenant_isolated_models() if m._meta.app_label not in library_apps()]
     for model in own:
         routed = router.db_for_write(model)
         if routed != app_alias:
@@ -187,14 +202,12 @@ def check_routing(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMe
 
 
 def _check_worker_routing(own: list[Any]) -> list[checks.CheckMessage]:
-    """Inside a consumer's batch, do the ORM's writes go to the worker alias?"""
-    from django.apps import apps
-
+    """Inside a worker's batch (an outbox consumer's): do the ORM's writes go to its alias?"""
     from tenancy.aliases import working_as_worker
 
     worker = tenancy_settings.WORKER_DATABASE
-    if not apps.is_installed("outbox") or worker not in settings.DATABASES:
-        return []
+    if worker not in settings.DATABASES:
+        return []  # no worker alias: nothing runs a worker's batch
     errors: list[checks.CheckMessage] = []
     with working_as_worker(worker):
         for model in own:
@@ -218,7 +231,7 @@ def _check_worker_routing(own: list[Any]) -> list[checks.CheckMessage]:
 def check_privileges(
     app_configs: Any = None, databases: Sequence[str] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
-    """Each role's privileges on each library table, against ``tenancy.privileges.MATRIX``.
+    """Each role's privileges on each library table, against ``tenancy.privileges.matrix()``.
 
     Through an alias that owns the tables (``migrate --database owner`` runs
     the database checks on its own alias before it migrates), the differences
@@ -296,9 +309,10 @@ def check_project_privileges(
     from django.apps import apps
     from django.db import connections
 
+    governed = library_apps()
     tables = sorted({
         m._meta.db_table for m in apps.get_models(include_auto_created=True)
-        if m._meta.app_label not in LIBRARY_APPS and m._meta.managed and not m._meta.proxy
+        if m._meta.app_label not in governed and m._meta.managed and not m._meta.proxy
     })
     try:
         with connections[aliases[0]].cursor() as cursor:
@@ -334,9 +348,10 @@ def check_policy_declarations(app_configs: Any = None, **kwargs: Any) -> list[ch
     from tenancy.policies import declares_policy
 
     errors: list[checks.CheckMessage] = []
+    governed = library_apps()
     for model in tenant_isolated_models():
         meta = model._meta
-        if meta.app_label in LIBRARY_APPS or not meta.managed or meta.proxy:
+        if meta.app_label in governed or not meta.managed or meta.proxy:
             continue
         if not declares_policy(model):
             errors.append(checks.Error(
@@ -532,7 +547,7 @@ def _rls_hint(table: str) -> str:
     app_label = next(
         (m._meta.app_label for m in tenant_isolated_models() if m._meta.db_table == table), ""
     )
-    if app_label in LIBRARY_APPS:
+    if app_label in library_apps():
         return "Run the library's migrations; never edit their SQL."
     return (
         f"Run manage.py makemigrations {app_label} and migrate as the owner: the model's "

@@ -77,6 +77,11 @@ class TenancySettings(AppSettings):
     #: Alias of the workers' connection (consumers, relays): RLS-bound like the
     #: app role, and the only role that may lock, advance and lease offsets.
     WORKER_DATABASE = Setting("worker", text())
+    #: Alias of the cross-tenant reads for people and monitors: the admin's
+    #: lists (idempotency keys, parked messages, readers) and the metrics'
+    #: outbox gauges. None: SYSTEM_DATABASE. Better: a role of its own with
+    #: BYPASSRLS and SELECT only, so the web process holds no DELETE anywhere.
+    ADMIN_DATABASE = Setting(None, optional(text()))
     #: Role names the library's grants and checks use, by kind ("app",
     #: "worker", "system"); a kind left out is the ``USER`` of its alias.
     ROLES: Setting[dict[str, str]] = Setting({}, role_names)

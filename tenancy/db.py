@@ -1,8 +1,8 @@
 """What the database says about the roles and tables in use, and the one guard built on it.
 
-Catalog queries only (``pg_roles``, ``pg_class``, ``pg_policy``): the
-system checks and the cross-tenant guard read them; no table of the library
-is touched here.
+Catalog queries (``pg_roles``, ``pg_class``, ``pg_policy``), which the
+system checks and the cross-tenant guard read, and one query on a table the
+caller names (:func:`tenants_with_rows`, the reapers' walk over tenants).
 """
 
 from __future__ import annotations
@@ -19,8 +19,12 @@ from django.db.models import Model
 from django_idempotency_outbox.errors import ConfigurationError
 from tenancy.exceptions import CrossTenantRefused
 
-#: The library's own apps (their tables' policies come from their migrations).
-LIBRARY_APPS = frozenset({"tenancy", "idempotency", "outbox"})
+
+def library_apps() -> frozenset[str]:
+    """The apps whose tables' policies come from their own migrations (tenancy's matrix)."""
+    from tenancy.privileges import governed_apps
+
+    return governed_apps()
 
 
 @dataclass(frozen=True)
@@ -146,8 +150,9 @@ def table_facts(using: str, tables: list[str]) -> dict[str, TableFacts]:
             [tables, schema],
         )
         rows = cursor.fetchall()
+    governed = library_apps()
     library = {m._meta.db_table for m in tenant_isolated_models()
-               if m._meta.app_label in LIBRARY_APPS}
+               if m._meta.app_label in governed}
     facts = {}
     for name, owned, enabled, forced, active, nspname, permissive, quals, checks in rows:
         policies = list(zip(permissive, quals, checks, strict=True))

@@ -38,8 +38,13 @@ from django.db.models.constraints import BaseConstraint
 #: (tenancy_isolate, tenancy_release; tenancy_current_tenant before them).
 FUNCTION_MIGRATION = ("tenancy", "0002_tenant_isolation")
 
-#: Apps whose policies ship as SQL files in their own migrations.
-LIBRARY_APPS = frozenset({"tenancy", "idempotency", "outbox"})
+
+def _library_apps() -> frozenset[str]:
+    """Apps whose policies ship as SQL files in their own migrations (tenancy's matrix)."""
+    from tenancy.privileges import governed_apps
+
+    return governed_apps()
+
 
 def policy_name(table: str) -> str:
     """``<table>_tenant_isolation``, shortened with a hash past PostgreSQL's 63 bytes."""
@@ -103,7 +108,7 @@ def declares_policy(model: type[Model]) -> bool:
     meta = model._meta
     return bool(
         getattr(model, "tenant_isolated", False)
-        and meta.app_label not in LIBRARY_APPS
+        and meta.app_label not in _library_apps()
         and meta.managed and not meta.proxy and not meta.abstract and not meta.swapped
         and any(f.column == "tenant_id" for f in meta.local_concrete_fields)
     )
@@ -144,8 +149,9 @@ class TenancyAutodetectorMixin:
 
     def changes(self, *args: Any, **kwargs: Any) -> dict[str, list[Any]]:
         changes: dict[str, list[Any]] = super().changes(*args, **kwargs)  # type: ignore[misc]
+        governed = _library_apps()
         for app_label, migrations in changes.items():
-            if app_label in LIBRARY_APPS:
+            if app_label in governed:
                 continue
             for migration in migrations:
                 needs = any(_declares(op) for op in migration.operations)

@@ -1,8 +1,12 @@
 """Who may do what to the library's tables: one matrix, for the grants, the check and the docs.
 
-:data:`MATRIX` is the only list of the library's privileges (and of what the
-roles need on Django's ``django_migrations``). ``migrate`` run as the tables'
-owner applies it (a ``post_migrate`` handler, app by app), ``manage.py
+Each app declares its own tables' privileges beside its models, as
+``TABLE_PRIVILEGES`` in its models module (``idempotency.models``,
+``outbox.models``); tenancy declares only what the roles need on Django's
+``django_migrations`` (:data:`OWN`). :func:`matrix` collects them from every
+installed app, as Django's admin discovers ``admin`` modules: tenancy names
+no table of the apps above it. ``migrate`` run as the tables' owner applies
+the matrix (a ``post_migrate`` handler, app by app), ``manage.py
 grant_privileges`` applies or prints it, the system check
 ``tenancy.E017``/``E018`` compares the database with it, and docs/roles.md
 shows its ``--print`` output (a test keeps the page and the matrix equal).
@@ -38,41 +42,56 @@ KINDS = (APP, WORKER, SYSTEM)
 TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
 DML = ("SELECT", "INSERT", "UPDATE", "DELETE")
 
-#: app label -> table -> role kind -> privileges. No TRUNCATE anywhere.
+#: One app's declaration: table -> role kind -> privileges. No TRUNCATE anywhere.
+#: What a declaration leaves out is revoked. The kinds (docs/roles.md):
 #:
 #: - app (the web process, receivers): DML under RLS on tenant tables; the
-#:   outbox is append-only; nothing on the shared delivery state
-#:   (``consumer_offsets``) nor on the consumers' failures.
+#:   outbox is append-only; nothing on the shared delivery state (offsets,
+#:   leases) nor on the consumers' failures.
 #: - worker (consumers, relays): RLS-bound too; the only role that may lock
 #:   (``FOR UPDATE`` needs UPDATE), advance and lease offsets; handlers may
 #:   publish and park, as their message's tenant.
 #: - system (cross-tenant reads and upkeep, BYPASSRLS): reads the stream,
 #:   offsets, failures and dead letters; deletes what retention and the
 #:   reaper delete; updates keys (the reaper's give-up) and its lease.
-MATRIX: dict[str, dict[str, dict[str, tuple[str, ...]]]] = {
-    # Django's record of applied migrations: read through every alias
-    # (makemigrations' consistency check, showmigrations, runserver's start-up
-    # check, the test runner); only the owner, who runs migrate, writes it.
-    # Applied with every app's post_migrate: tenancy has no models of its own.
-    "tenancy": {
-        "django_migrations": {APP: ("SELECT",), WORKER: ("SELECT",), SYSTEM: ("SELECT",)},
-    },
-    "idempotency": {
-        "idempotency_keys": {APP: DML, SYSTEM: ("SELECT", "UPDATE", "DELETE")},
-        "idempotency_leases": {SYSTEM: ("SELECT", "UPDATE")},
-    },
-    "outbox": {
-        "outbox_messages": {
-            APP: ("SELECT", "INSERT"),
-            WORKER: ("SELECT", "INSERT"),
-            SYSTEM: ("SELECT", "DELETE"),
-        },
-        "consumer_offsets": {WORKER: ("SELECT", "INSERT", "UPDATE"), SYSTEM: ("SELECT",)},
-        "outbox_consumer_failures": {WORKER: DML, SYSTEM: ("SELECT",)},
-        "outbox_dead_letters": {APP: DML, WORKER: ("SELECT", "INSERT"), SYSTEM: ("SELECT",)},
-        "outbox_received": {APP: ("SELECT", "INSERT"), SYSTEM: ("SELECT", "DELETE")},
-    },
+TablePrivileges = dict[str, dict[str, tuple[str, ...]]]
+
+#: The name of the declaration in an app's models module.
+DECLARATION = "TABLE_PRIVILEGES"
+
+#: tenancy's own rows: Django's record of applied migrations, read through
+#: every alias (makemigrations' consistency check, showmigrations, runserver's
+#: start-up check, the test runner); only the owner, who runs migrate, writes
+#: it. Applied with every app's post_migrate: tenancy has no models of its own.
+OWN: TablePrivileges = {
+    "django_migrations": {APP: ("SELECT",), WORKER: ("SELECT",), SYSTEM: ("SELECT",)},
 }
+
+
+def matrix() -> dict[str, TablePrivileges]:
+    """app label -> its tables' privileges: tenancy's own, and each installed app's declaration.
+
+    An app declares ``TABLE_PRIVILEGES`` in its models module; the library's
+    apps do (``idempotency``, ``outbox``). Their tables are governed exactly:
+    what a declaration leaves out is revoked.
+    """
+    rows: dict[str, TablePrivileges] = {"tenancy": OWN}
+    for config in apps.get_app_configs():
+        declared = getattr(config.models_module, DECLARATION, None)
+        if declared and config.label != "tenancy":
+            rows[config.label] = declared
+    return rows
+
+
+def governed_apps() -> frozenset[str]:
+    """The apps whose tables the matrix governs: tenancy and every app that declares its own.
+
+    Their policies ship in their own SQL migrations and their queries name
+    their alias themselves; every other app is yours (``GRANT_PROJECT_TABLES``,
+    policies written by ``makemigrations``).
+    """
+    return frozenset(matrix())
+
 
 #: The aliases setting of each kind.
 _ALIAS_SETTING = {APP: "APP_DATABASE", WORKER: "WORKER_DATABASE", SYSTEM: "SYSTEM_DATABASE"}
@@ -104,11 +123,11 @@ def role_names() -> dict[str, str]:
 def library_tables(
     app_labels: Iterable[str] | None = None,
 ) -> dict[str, dict[str, tuple[str, ...]]]:
-    """The matrix rows of the installed library apps (of ``app_labels`` only, if given)."""
+    """The matrix rows of the governed apps (of ``app_labels`` only, if given)."""
     wanted = None if app_labels is None else set(app_labels)
     rows: dict[str, dict[str, tuple[str, ...]]] = {}
-    for label, tables in MATRIX.items():
-        if apps.is_installed(label) and (wanted is None or label in wanted):
+    for label, tables in matrix().items():
+        if wanted is None or label in wanted:
             rows.update(tables)
     return rows
 
@@ -121,15 +140,16 @@ def project_tables(
     DML to the app role on each, and to the worker role on the
     ``tenant_isolated`` ones (consumers' handlers write those). Nothing is
     revoked on them: grants you add by hand stay. (Django's
-    ``django_migrations`` is in :data:`MATRIX`, under tenancy.)
+    ``django_migrations`` is in :data:`OWN`, tenancy's.)
     """
     if not tenancy_settings.GRANT_PROJECT_TABLES:
         return {}
     wanted = None if app_labels is None else set(app_labels)
+    governed = governed_apps()
     rows: dict[str, dict[str, tuple[str, ...]]] = {}
     for model in apps.get_models(include_auto_created=True):
         meta = model._meta
-        if meta.app_label in MATRIX or meta.proxy or not meta.managed:
+        if meta.app_label in governed or meta.proxy or not meta.managed:
             continue
         if wanted is not None and meta.app_label not in wanted:
             continue
@@ -492,7 +512,8 @@ def revoke_temporary_after_migrate(
     Connected by ``TenancyConfig.ready()``; runs after the library's apps'
     migrations (and does nothing once no role holds the privilege).
     """
-    if getattr(app_config, "label", None) not in MATRIX or using not in settings.DATABASES:
+    label = getattr(app_config, "label", None)
+    if label is None or label not in governed_apps() or using not in settings.DATABASES:
         return
     run = apply_database(using)
     if verbosity >= 2 and run:

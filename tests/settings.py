@@ -12,7 +12,7 @@
 - ``owner``: the owner role; only the test harness uses it (migrate, cleanup).
 
 The library's privileges are not granted by hand: ``migrate`` as the owner
-applies ``tenancy.privileges.MATRIX`` (and, with ``GRANT_PROJECT_TABLES``, the
+applies ``tenancy.privileges.matrix()`` (and, with ``GRANT_PROJECT_TABLES``, the
 test app's and Django's tables), as in a deployment.
 
 ``DIO_POOLED`` puts aliases behind the private pgbouncer (transaction
@@ -161,8 +161,7 @@ VERIFIED_CONTEXT_KEY = {"KEY_ID": "tests-1", "KEY": "tests-only-verified-context
 if os.environ.get("DIO_VERIFIED_CONTEXT"):
     TENANCY["VERIFIED_CONTEXT"] = VERIFIED_CONTEXT_KEY
 
-# The reaper's pause between batches is tested on its own (test_reaper.py).
-IDEMPOTENCY: dict[str, Any] = {"REAP_PAUSE": 0}
+IDEMPOTENCY: dict[str, Any] = {}
 
 LOGGING = {
     "version": 1,
@@ -179,9 +178,6 @@ OUTBOX: dict[str, Any] = {
         "tests.outbox.support.recorders.PartitionedRecorder",
         "tests.outbox.support.recorders.SlowRecorder",
     ],
-    "RETRY_BACKOFF": 0,
-    "BROKER_BACKOFF": 0.01,
-    "DATABASE_BACKOFF": 0.2,
     "CELERY_APP": "tests.outbox.support.order_worker_app.app",
     "CELERY_TASK": "tests.outbox.receive_order",
     "CELERY_QUEUE": os.environ.get("DIO_CELERY_QUEUE", "dio-outbox-tests"),

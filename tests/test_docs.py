@@ -26,6 +26,24 @@ def test_every_setting_is_documented_in_settings_md():
     assert missing == []
 
 
+def _row(namespace: str, key: str, replacement: str) -> str:
+    escaped = replacement.replace("|", "\\|")
+    return f'| `{namespace}["{key}"]` | {escaped} |'
+
+
+def test_every_removed_setting_is_in_the_removed_table_with_its_replacement():
+    """A key a release removed is reported by check (tests/shared/test_conf.py) and listed."""
+    text = (DOCS / "settings.md").read_text()
+    table = text[text.index("## Removed settings"):]
+    missing = [
+        f"{s.name}[{key!r}]" for s in registered() for key, replacement in s.removed.items()
+        if _row(s.name, key, replacement) not in table
+    ]
+    assert missing == []
+    current = [f'`{s.name}["{key}"]`' for s in registered() for key in s.defaults]
+    assert [name for name in current if name in table] == []
+
+
 def test_every_command_is_documented_in_commands_md():
     text = (DOCS / "commands.md").read_text()
     ours = sorted(name for name, app in get_commands().items() if app in LIBRARY_APPS)
@@ -42,10 +60,11 @@ def test_links_between_pages_resolve(page):
 
 @pytest.mark.parametrize("app, page", [("tenancy", "roles.md"), ("idempotency", "phases.md")])
 def test_every_check_id_is_documented(app, page):
+    """On the app's page, or among the settings' checks (docs/settings.md)."""
     source = (Path(__file__).resolve().parents[1] / app / "checks.py").read_text()
-    ids = set(re.findall(rf'id="({app}\.[EW]\d+)"', source))
+    ids = set(re.findall(rf'"({app}\.[EW]\d+)"', source))
     assert ids
-    text = (DOCS / page).read_text()
+    text = (DOCS / page).read_text() + (DOCS / "settings.md").read_text()
     assert sorted(i for i in ids if f"`{i}`" not in text) == []
 
 
@@ -73,5 +92,7 @@ def test_every_outbox_check_id_is_documented():
     ids = set(re.findall(r'"(outbox\.[EW]\d+)"|\((outbox\.[EW]\d+)\)', source))
     found = {a or b for a, b in ids}
     assert {"outbox.W100", "outbox.W105", "outbox.E001", "outbox.E002"} <= found
-    pages = {"W": (DOCS / "outbox.md").read_text(), "E": (DOCS / "operations.md").read_text()}
+    settings_page = (DOCS / "settings.md").read_text()
+    pages = {"W": (DOCS / "outbox.md").read_text(),
+             "E": (DOCS / "operations.md").read_text() + settings_page}
     assert sorted(i for i in found if f"`{i}`" not in pages[i[7]]) == []

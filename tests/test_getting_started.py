@@ -327,7 +327,17 @@ class Project:
 
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory) -> Path:
-    """The sdist and wheel of this checkout, as ``make dist`` builds and checks them."""
+    """The sdist and wheel of this checkout, as ``make dist`` builds and checks them.
+
+    ``DIO_DIST`` names a directory ``make dist`` already filled from this
+    checkout (CI builds the packages once, then runs the suite): its wheel is
+    used as it is.
+    """
+    built = os.environ.get("DIO_DIST")
+    if built:
+        where = Path(built).resolve()
+        assert (where / WHEEL).exists(), f"DIO_DIST={built} holds no {WHEEL}"
+        return where
     where = tmp_path_factory.mktemp("dist")
     # The virtualenv running the tests builds it (its packaging tools are make's to install),
     # also from a copy of the checkout that has none (make mutants).

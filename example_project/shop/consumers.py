@@ -12,6 +12,9 @@ from .models import SalesDaily
 class SalesProjection(Consumer):
     name = "sales"
     topics = ["order.created"]
+    # Give up on a failing message quickly, so that the scenario shows one parked.
+    max_attempts = 3
+    retry_backoff = 0.2
 
     def handle(self, message):
         payload = message.payload

@@ -5,6 +5,8 @@ payment_created  -> the gateway charge, with a derived key  (one foreign call)
 charged          -> order paid, ``order.paid`` published     (the receipt goes out via the outbox)
 """
 
+from datetime import timedelta
+
 from rest_framework.exceptions import APIException, NotFound
 
 from idempotency import Finish, Phases, RecoveryPoint
@@ -31,6 +33,8 @@ class AlreadyPaid(APIException):
 class CapturePayment(Phases):
     scope = "order.capture"
     completable = True
+    # Short, so that the demo's crashed captures are taken over within seconds.
+    lease = timedelta(seconds=5)
 
     def started(self, ctx):
         # Refusals here (404, 409) happen before anything of the request does:

@@ -14,6 +14,7 @@ import json
 import pytest
 from django.test import override_settings
 
+from idempotency.conf import MAX_BODY_DEPTH
 from tests.helpers import count_rows, statements_on_every_alias
 from tests.testapp.payments import CapturePayment
 
@@ -84,11 +85,11 @@ def test_deep_nesting_is_400_body_too_deep(client, path, depth):
     assert nothing_written()
 
 
-@override_settings(IDEMPOTENCY={"MAX_BODY_DEPTH": 5})
 def test_max_body_depth_counts_every_array_and_object(client):
-    at_limit = '{"sku": "tea", "quantity": 1, "extra": ' + nested(4) + "}"  # 5 containers
+    limit = MAX_BODY_DEPTH  # 100
+    at_limit = '{"sku": "tea", "quantity": 1, "extra": ' + nested(limit - 1) + "}"
     assert post_raw(client, "/orders/", at_limit, key="at").status_code == 201
-    over = '{"sku": "tea", "quantity": 1, "extra": ' + nested(5) + "}"
+    over = '{"sku": "tea", "quantity": 1, "extra": ' + nested(limit) + "}"
     problem(post_raw(client, "/orders/", over, key="over"), 400, "body_too_deep")
     assert count_rows("idempotency_keys") == 1  # the one at the limit
 

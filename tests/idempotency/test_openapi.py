@@ -115,20 +115,20 @@ def test_the_replay_header_is_on_the_views_own_stored_answers():
 
 
 @override_settings(
-    IDEMPOTENCY={"STATUS_MISMATCH": 409, "STATUS_IN_PROGRESS": 425, "MAX_KEY_LENGTH": 40,
-                 "HEADER": "X-Request-Key", "STATUS_KEY_MISSING": 428},
+    IDEMPOTENCY={"STATUS_MISMATCH": 409, "STATUS_IN_PROGRESS": 425},
     TENANCY={**django_settings.TENANCY, "STATUS_NO_TENANT": 404},
 )
-def test_statuses_names_and_limits_come_from_the_settings():
+def test_statuses_come_from_the_settings_and_the_key_from_the_draft():
     op = operation(schema(), "/orders/", "post")
     header = key_header(op)
-    assert header["name"] == "X-Request-Key"
-    assert header["schema"]["pattern"] == key_pattern(40) and "{1,40}" in key_pattern(40)
-    assert header["schema"]["maxLength"] == 82
+    assert header["name"] == "Idempotency-Key"
+    assert header["schema"]["pattern"] == key_pattern() and "{1,255}" in key_pattern()
+    assert header["schema"]["maxLength"] == 512
     assert "idempotency_key_reused" in codes(op, 409)
     assert "idempotency_key_in_progress" in codes(op, 425)
     assert "Retry-After" in op["responses"]["425"]["headers"]
-    assert "idempotency_key_missing" in codes(op, 428)
+    assert "idempotency_key_missing" in codes(op, 400)
+    assert "idempotency_key_invalid" in codes(op, 400)
     assert "tenant_unknown" in codes(op, 404)
     assert "422" not in op["responses"] and "403" not in op["responses"]
 

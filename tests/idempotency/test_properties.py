@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from idempotency.core import InvalidKey, key_pattern, parse_key
-from idempotency.fingerprint import canonical_json
+from idempotency.fingerprints import canonical_json
 
 settings.register_profile(
     "dio",

@@ -237,8 +237,7 @@ def test_relay_outbox_once_reports_the_messages_it_sent(settings, capsys):
 
 
 def test_the_reap_task_reports_what_it_deleted(settings):
-    settings.OUTBOX = {**settings.OUTBOX, "CONSUMERS": [], "RELAY": True,
-                       "RETENTION": 0, "RECEIVED_RETENTION": 0}
+    settings.OUTBOX = {**settings.OUTBOX, "CONSUMERS": [], "RETENTION": 0}
     publish_many(A, "t", [{"n": n} for n in range(3)])
     relay = Relay(InMemoryTransport())  # the one reader: it passes all three
     try:
@@ -267,7 +266,7 @@ def _seconds(sql: str, *params: object) -> float:
 
 
 def test_every_lease_pause_and_retention_of_the_outbox_is_the_database_clocks(
-        settings, wrong_app_clock):
+        settings, monkeypatch, wrong_app_clock):
     import datetime as dt
 
     from django.db.models.functions import Now
@@ -281,8 +280,8 @@ def test_every_lease_pause_and_retention_of_the_outbox_is_the_database_clocks(
     from tests.outbox.support.recorders import FAILING, OrderRecorder
 
     settings.OUTBOX = {**settings.OUTBOX, "CONSUMERS": [recorder("OrderRecorder")],
-                       "RELAY": False, "RELAY_LEASE": 30, "RETRY_BACKOFF": 100,
-                       "RETENTION": 3600, "RECEIVED_RETENTION": 3600}
+                       "TRANSPORT": None, "RELAY_LEASE": 30, "RETENTION": 3600}
+    monkeypatch.setattr(OrderRecorder, "retry_backoff", 100)
     # The relay's lease.
     publish_many(A, "order.placed", [{"sku": "a"}])
     relay = Relay(InMemoryTransport(), name="clock")
@@ -318,7 +317,7 @@ def test_every_lease_pause_and_retention_of_the_outbox_is_the_database_clocks(
     result = reap()
     assert (result.messages, result.received) == (1, 1)
 
-    # Rewinding: refused past RETENTION and RECEIVED_RETENTION by the database's now().
+    # Rewinding: refused past RETENTION by the database's now().
     assert rewind(db_now - dt.timedelta(minutes=30), dry_run=True) is not None
     with pytest.raises(RewindRefused, match="older than what the outbox keeps"):
         rewind(db_now - dt.timedelta(hours=2), dry_run=True)

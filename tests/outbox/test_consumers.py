@@ -69,8 +69,8 @@ def test_a_handler_that_raises_mid_batch_keeps_the_offset_at_the_last_good_messa
     assert offset("orders")[1] == 0
 
 
-def test_a_failing_head_message_waits_for_its_backoff(settings):
-    settings.OUTBOX = {**settings.OUTBOX, "RETRY_BACKOFF": 3600}
+def test_a_failing_head_message_waits_for_its_backoff(monkeypatch):
+    monkeypatch.setattr(OrderRecorder, "retry_backoff", 3600)
     FAILING.add("a")
     placed("a")
     consumer = OrderRecorder()
@@ -80,9 +80,10 @@ def test_a_failing_head_message_waits_for_its_backoff(settings):
     assert effects() == {}
 
 
-def test_the_retry_pause_doubles_up_to_its_maximum_while_the_partition_waits(settings):
-    settings.OUTBOX = {**settings.OUTBOX, "RETRY_BACKOFF": 100, "RETRY_BACKOFF_MAX": 350,
-                       "MAX_ATTEMPTS": 10}
+def test_the_retry_pause_doubles_up_to_its_maximum_while_the_partition_waits(monkeypatch):
+    monkeypatch.setattr(OrderRecorder, "retry_backoff", 100)
+    monkeypatch.setattr(OrderRecorder, "retry_backoff_max", 350)
+    monkeypatch.setattr(OrderRecorder, "max_attempts", 10)
     FAILING.add("a")
     placed("a", "b")
     consumer = OrderRecorder()
@@ -100,8 +101,8 @@ def test_the_retry_pause_doubles_up_to_its_maximum_while_the_partition_waits(set
     assert [seconds for _, seconds in pauses] == pytest.approx([100, 200, 350, 350], abs=5)
 
 
-def test_a_poison_message_is_parked_after_the_retry_limit_and_later_messages_flow(settings):
-    settings.OUTBOX = {**settings.OUTBOX, "MAX_ATTEMPTS": 3}
+def test_a_poison_message_is_parked_after_the_retry_limit_and_later_messages_flow(monkeypatch):
+    monkeypatch.setattr(OrderRecorder, "max_attempts", 3)
     before = placed("a")
     poison = placed("poison", poison=True)
     after = placed("b", "c")
@@ -118,8 +119,8 @@ def test_a_poison_message_is_parked_after_the_retry_limit_and_later_messages_flo
     assert row.payload == {"sku": "poison", "poison": True}
 
 
-def test_parked_messages_are_invisible_to_other_tenants(settings):
-    settings.OUTBOX = {**settings.OUTBOX, "MAX_ATTEMPTS": 1}
+def test_parked_messages_are_invisible_to_other_tenants(monkeypatch):
+    monkeypatch.setattr(OrderRecorder, "max_attempts", 1)
     placed("poison", poison=True, tenant=A)
     drain(OrderRecorder(), until=lambda: count_rows("outbox_dead_letters") == 1)
     with tenant_context(B):
@@ -128,8 +129,8 @@ def test_parked_messages_are_invisible_to_other_tenants(settings):
         assert conn.execute("SELECT count(*) FROM outbox_dead_letters").fetchone()[0] == 0
 
 
-def test_redriving_a_parked_message_handles_it_once_and_removes_it(settings):
-    settings.OUTBOX = {**settings.OUTBOX, "MAX_ATTEMPTS": 1}
+def test_redriving_a_parked_message_handles_it_once_and_removes_it(monkeypatch):
+    monkeypatch.setattr(OrderRecorder, "max_attempts", 1)
     FAILING.add("flaky")
     ids = placed("flaky")
     drain(OrderRecorder(), until=lambda: count_rows("outbox_dead_letters") == 1)
@@ -142,8 +143,8 @@ def test_redriving_a_parked_message_handles_it_once_and_removes_it(settings):
     assert redrive("orders").handled == 0
 
 
-def test_redriving_a_message_that_fails_again_keeps_it_parked(settings):
-    settings.OUTBOX = {**settings.OUTBOX, "MAX_ATTEMPTS": 1}
+def test_redriving_a_message_that_fails_again_keeps_it_parked(monkeypatch):
+    monkeypatch.setattr(OrderRecorder, "max_attempts", 1)
     placed("poison", poison=True)
     drain(OrderRecorder(), until=lambda: count_rows("outbox_dead_letters") == 1)
     result = redrive()
@@ -152,8 +153,8 @@ def test_redriving_a_message_that_fails_again_keeps_it_parked(settings):
     assert effects() == {}
 
 
-def test_the_redrive_command_exits_non_zero_when_a_message_fails_again(settings, tmp_path):
-    settings.OUTBOX = {**settings.OUTBOX, "MAX_ATTEMPTS": 1}
+def test_the_redrive_command_exits_non_zero_when_a_message_fails_again(monkeypatch, tmp_path):
+    monkeypatch.setattr(OrderRecorder, "max_attempts", 1)
     placed("poison", poison=True)
     drain(OrderRecorder(), until=lambda: count_rows("outbox_dead_letters") == 1)
     command = Process.manage("outbox_parked", "--redrive", log=tmp_path / "redrive.log",
@@ -166,8 +167,8 @@ def test_the_redrive_command_exits_non_zero_when_a_message_fails_again(settings,
     assert list_parked()[0].attempts == 2 and effects() == {}
 
 
-def test_parked_command_lists_and_redrives(settings, capsys):
-    settings.OUTBOX = {**settings.OUTBOX, "MAX_ATTEMPTS": 1}
+def test_parked_command_lists_and_redrives(monkeypatch, capsys):
+    monkeypatch.setattr(OrderRecorder, "max_attempts", 1)
     FAILING.add("flaky")
     placed("flaky")
     drain(OrderRecorder(), until=lambda: count_rows("outbox_dead_letters") == 1)
@@ -291,3 +292,17 @@ def test_the_documented_partition_change_starts_every_new_partition_at_the_lowes
                             " WHERE name = 'orders-partitioned'").fetchall()
     assert rows == [(8, low)] * 8
 
+
+
+def test_a_consumers_batch_attempts_backoff_and_watch_are_its_attributes(monkeypatch):
+    """The defaults docs/consumers.md states, and a bad value refused by name."""
+    from outbox.consumers import Consumer, validate
+
+    assert (Consumer.batch_size, Consumer.max_attempts, Consumer.retry_backoff,
+            Consumer.retry_backoff_max, Consumer.lost_after) == (500, 5, 1.0, 300.0, 3.0)
+    for attribute, value in [("batch_size", 0), ("max_attempts", True), ("retry_backoff", -1),
+                             ("lost_after", "3s")]:
+        monkeypatch.setattr(OrderRecorder, attribute, value)
+        with pytest.raises(ConsumerConfigError, match=f"orders: {attribute} must be"):
+            validate(OrderRecorder())
+        monkeypatch.undo()

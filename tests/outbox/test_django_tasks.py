@@ -163,16 +163,17 @@ def test_a_worker_killed_mid_task_gets_its_task_back_and_the_effect_happens_once
     try:
         marker = held / f"{ids[0]}.pid"
         wait_for(marker.exists, "the held task to be running")  # the others wait behind it
-        # Past TASKS_STALLED_AFTER (2 s here) a live receiver still holds its task:
+        # Past --stalled-after (2 s here) a live receiver still holds its task:
         # nothing is taken from it.
         wait_for(lambda: _running_for() > 2.5, "the held task to run past the stall time")
         assert "0 receiver task(s) made ready again" in manage(
-            tmp_path, "requeue_outbox_tasks", name="requeue-live")
+            tmp_path, "requeue_outbox_tasks", "--stalled-after", "2", name="requeue-live")
         first.signal(signal.SIGKILL)  # the worker dies; its task stays RUNNING
         assert first.popen.wait(30) == -signal.SIGKILL
         assert str(ids[0]) not in effects()  # its transaction died with it
         assert [r["status"] for r in results()].count("RUNNING") == 1
-        out = manage(tmp_path, "requeue_outbox_tasks", name="requeue-dead")
+        out = manage(tmp_path, "requeue_outbox_tasks", "--stalled-after", "2",
+                     name="requeue-dead")
         assert "1 receiver task(s) made ready again" in out
         second = worker(tmp_path, "worker-2")
         wait_for(lambda: len(effects()) == 5, "the held message handled again")

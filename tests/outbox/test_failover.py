@@ -219,7 +219,7 @@ def watched_now() -> dict[str, str]:
     return values
 
 
-def test_a_consumer_batch_has_the_server_watch_for_a_vanished_client(settings):
+def test_a_consumer_batch_has_the_server_watch_for_a_vanished_client(monkeypatch):
     """TCP keepalives (read back from the socket by SHOW) for the batch only.
 
     A host that vanishes without closing its connections (a power cut, a lost
@@ -240,13 +240,13 @@ def test_a_consumer_batch_has_the_server_watch_for_a_vanished_client(settings):
     }
     assert watched_now() == outside  # restored when the batch ends
     assert outside["tcp_keepalives_idle"] != "1"
-    settings.OUTBOX = {**settings.OUTBOX, "CONSUMER_LOST_AFTER": 10}
+    monkeypatch.setattr(SessionRecorder, "lost_after", 10)
     SessionRecorder.seen = {}
     publish_many(A, "anything", [{"sku": "y"}])
     wait_for(lambda: run_batch(consumer).handled == 1, "the second batch")
     assert SessionRecorder.seen["tcp_keepalives_count"] == "9"
     assert SessionRecorder.seen["tcp_user_timeout"] == "10000"
-    settings.OUTBOX = {**settings.OUTBOX, "CONSUMER_LOST_AFTER": 0}
+    monkeypatch.setattr(SessionRecorder, "lost_after", 0)
     publish_many(A, "anything", [{"sku": "z"}])
     wait_for(lambda: run_batch(consumer).handled == 1, "the third batch")
     assert SessionRecorder.seen == {**outside}  # 0: the server's own settings

@@ -61,13 +61,13 @@ def run_as_worker(task, body, retries):
 
 @pytest.fixture(autouse=True)
 def _quick(settings):
-    settings.OUTBOX = {**settings.OUTBOX, "RECEIVER_RETRY_BACKOFF": 0.25,
-                       "RECEIVER_RETRY_BACKOFF_MAX": 1.0, "RECEIVER_MAX_ATTEMPTS": 4}
+    settings.OUTBOX = {**settings.OUTBOX, "RECEIVER_RETRY_BACKOFF_MAX": 4.0,
+                       "RECEIVER_MAX_ATTEMPTS": 4}
 
 
 def test_a_failure_is_retried_after_the_librarys_backoff():
     task, body = receiver_task(), envelope()
-    for retries, pause in [(0, 0.25), (1, 0.5), (2, 1.0)]:
+    for retries, pause in [(0, 1.0), (1, 2.0), (2, 4.0)]:  # 1 s, doubled up to the maximum
         with pytest.raises(Retry) as retried:
             run_as_worker(task, body, retries)
         assert retried.value.when == pause
@@ -95,7 +95,7 @@ def test_a_message_that_cannot_be_parked_is_retried_at_the_longest_pause(caplog)
     body = envelope(tenant_id=2**63)  # no tenant context can be set for it: nor a dead letter
     with caplog.at_level(logging.ERROR, logger="outbox"), pytest.raises(Retry) as retried:
         run_as_worker(task, body, retries=3)
-    assert retried.value.when == 1.0
+    assert retried.value.when == 4.0
     assert "could not park message" in caplog.text
     assert count_rows("outbox_dead_letters") == 0
 

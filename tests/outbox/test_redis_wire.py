@@ -185,8 +185,8 @@ def test_queues_of_several_lists_and_priorities_in_one_batch(settings):
     app = Celery("wire", broker=django_settings.CELERY_BROKER_URL, set_as_current=False)
     app.conf.task_queues = [Queue(n, Exchange(n), routing_key=n) for n in names]
     app.conf.task_routes = {"t.first": {"queue": names[0]}, "t.second": {"queue": names[1]}}
-    settings.OUTBOX = {**settings.OUTBOX, "CELERY_QUEUE": None, "CELERY_TASK": "t.first",
-                       "CELERY_TOPIC_TASKS": {"second": "t.second"}}
+    settings.OUTBOX = {**settings.OUTBOX, "CELERY_QUEUE": None,
+                       "CELERY_TASK": {"second": "t.second", "*": "t.first"}}
     ids = publish_many(A, "first", [{"n": n} for n in range(3)])
     ids += publish_many(A, "second", [{"n": n} for n in range(2)])
     transport = CeleryTransport(app)
@@ -219,8 +219,8 @@ def test_a_failure_part_way_through_a_batch_raises_and_the_whole_batch_is_sent_a
     app = Celery("wire", broker=url, set_as_current=False)
     app.conf.task_queues = [Queue(n, Exchange(n), routing_key=n) for n in names]
     app.conf.task_routes = {"t.first": {"queue": names[0]}, "t.second": {"queue": names[1]}}
-    settings.OUTBOX = {**settings.OUTBOX, "CELERY_QUEUE": None, "CELERY_TASK": "t.first",
-                       "CELERY_TOPIC_TASKS": {"second": "t.second"}}
+    settings.OUTBOX = {**settings.OUTBOX, "CELERY_QUEUE": None,
+                       "CELERY_TASK": {"*": "t.first", "second": "t.second"}}
     ids = publish_many(A, "first", [{"n": n} for n in range(3)])
     ids += publish_many(A, "second", [{"n": n} for n in range(2)])
     relay = Relay(CeleryTransport(app), name="wire-part-way")

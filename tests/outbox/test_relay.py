@@ -115,8 +115,7 @@ def test_transport_setting_must_name_a_transport(settings):
 
 
 def test_celery_transport_needs_a_task_for_every_topic(settings):
-    settings.OUTBOX = {**settings.OUTBOX, "CELERY_TASK": None,
-                       "CELERY_TOPIC_TASKS": {"order.placed": "x.placed"}}
+    settings.OUTBOX = {**settings.OUTBOX, "CELERY_TASK": {"order.placed": "x.placed"}}
     transport = CeleryTransport()
     assert transport.task_for("order.placed") == "x.placed"
     with pytest.raises(ImproperlyConfigured, match="no Celery task for topic 'other'"):

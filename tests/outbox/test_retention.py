@@ -41,7 +41,7 @@ def age_everything(days: int = 30) -> None:
 @pytest.fixture
 def only_orders(settings):
     settings.OUTBOX = {**settings.OUTBOX, "CONSUMERS": [recorder("OrderRecorder")],
-                       "RELAY": False}
+                       "TRANSPORT": None}
 
 
 def test_retention_never_deletes_a_message_a_consumer_has_not_passed(only_orders):
@@ -89,7 +89,7 @@ def test_retention_keeps_passed_messages_inside_the_window(only_orders):
 
 
 def test_retention_waits_for_a_configured_consumer_that_never_ran(settings):
-    settings.OUTBOX = {**settings.OUTBOX, "RELAY": False, "CONSUMERS": [
+    settings.OUTBOX = {**settings.OUTBOX, "TRANSPORT": None, "CONSUMERS": [
         recorder("OrderRecorder"), recorder("SlowRecorder")]}
     publish_many(A, "order.placed", [{"sku": "a"}])
     drain(OrderRecorder(), until=lambda: len(effects()) == 1)
@@ -100,18 +100,26 @@ def test_retention_waits_for_a_configured_consumer_that_never_ran(settings):
 
 
 def test_retention_waits_for_the_relay(settings):
-    settings.OUTBOX = {**settings.OUTBOX, "RELAY": True, "RELAY_NAME": "test",
-                       "CONSUMERS": []}
+    """Before any relay ran, for the default one; then for every relay that has run."""
+    settings.OUTBOX = {**settings.OUTBOX, "CONSUMERS": []}
     publish_many(A, "t", [{"n": 1}])
     age_everything()
-    assert reap().messages == 0
+    assert reap().messages == 0  # relay:default has not run
     memory = InMemoryTransport()
     wait_for(lambda: Relay(memory, name="test").drain() >= 0 and bool(memory.sent), "relayed")
-    assert reap().messages == 1
+    assert reap().messages == 1  # relay:test passed it (no default relay is waited for now)
+    publish_many(A, "t", [{"n": 2}])
+    with observer() as conn:  # a second relay, which has run before and stays behind
+        conn.execute("INSERT INTO consumer_offsets (name, partition, partition_count, last_id)"
+                     " VALUES ('relay:other', 0, 1, 0)")
+    wait_for(lambda: Relay(memory, name="test").drain() >= 0 and len(memory.sent) == 2,
+             "relayed")
+    age_everything()
+    assert reap().messages == 0
 
 
 def test_retention_waits_for_every_partition(settings):
-    settings.OUTBOX = {**settings.OUTBOX, "RELAY": False,
+    settings.OUTBOX = {**settings.OUTBOX, "TRANSPORT": None,
                        "CONSUMERS": [recorder("PartitionedRecorder")]}
     publish_many(A, "order.sequenced", [{"sku": f"k{i}", "seq": 0} for i in range(8)],
                  key=lambda p: p["sku"])
@@ -207,7 +215,7 @@ def test_two_reapers_at_once_delete_each_row_once(only_orders):
 
 
 def test_old_receiver_records_are_forgotten_in_bounded_batches(settings):
-    settings.OUTBOX = {**settings.OUTBOX, "RECEIVED_RETENTION": 3600}
+    settings.OUTBOX = {**settings.OUTBOX, "RETENTION": 3600}
     two_hours_ago = Now() - timedelta(hours=2)
     with tenant_context(1):
         ReceivedMessageFactory.create_batch(4, received_at=two_hours_ago)

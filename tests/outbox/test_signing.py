@@ -206,7 +206,7 @@ def test_a_replayed_genuine_message_is_a_no_op_while_the_receiver_remembers_its_
     assert receive(envelope, record, receiver=RECEIVER) == (True, "ran")
     assert receive(dict(envelope), record, receiver=RECEIVER) == (False, None)
     assert effects() == {envelope["message_id"]: 1}
-    settings.OUTBOX = {**settings.OUTBOX, "RECEIVED_RETENTION": 0}
+    settings.OUTBOX = {**settings.OUTBOX, "RETENTION": 0}
     assert reap().received == 1  # forgotten: a replay now runs the handler again
     assert receive(dict(envelope), record, receiver=RECEIVER) == (True, "ran")
     assert effects() == {envelope["message_id"]: 2}
@@ -489,7 +489,7 @@ def test_a_real_worker_handles_what_the_relay_signed_and_refuses_what_a_broker_w
 ])
 def test_a_bad_setting_is_a_check_error_that_names_it_and_shows_no_secret(settings, value, says):
     settings.OUTBOX = {**settings.OUTBOX, "SIGNING_KEYS": value}
-    errors = [m for m in checks.run_checks() if m.id == "tenancy.E007"]
+    errors = [m for m in checks.run_checks() if m.id == "outbox.E090"]
     assert [m.msg for m in errors if 'OUTBOX["SIGNING_KEYS"]' in m.msg and says in m.msg], errors
     assert not any(NEW in m.msg or "short-secret" in m.msg for m in errors)
     with pytest.raises(ConfigurationError, match="SIGNING_KEYS"):
@@ -503,4 +503,4 @@ def test_strings_and_bytes_of_32_bytes_or_more_are_keys_and_empty_is_the_default
     assert [k.secret for k in keys] == [NEW.encode(), GONE, ("é" * 16).encode()]
     assert len({k.key_id for k in keys}) == 3
     assert NEW not in repr(keys)
-    assert [m for m in checks.run_checks() if m.id == "tenancy.E007"] == []
+    assert [m for m in checks.run_checks() if m.id == "outbox.E090"] == []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.core.management import call_command
 
-from outbox.status import status
+from outbox.observation import status
 from tenancy.aliases import system_alias
 from tests.helpers import app_role, connect, observer, server_pid
 from tests.outbox.support.helpers import drain, effects, publish_many, raw_publish
@@ -64,8 +64,8 @@ def test_status_names_the_open_transaction_that_holds_its_tenant_back(system_rea
     assert "tenant(s) 1, 1 waiting" in out
 
 
-def test_status_counts_parked_messages(settings, capsys):
-    settings.OUTBOX = {**settings.OUTBOX, "MAX_ATTEMPTS": 1}
+def test_status_counts_parked_messages(monkeypatch, capsys):
+    monkeypatch.setattr(OrderRecorder, "max_attempts", 1)
     publish_many(A, "order.placed", [{"sku": "p", "poison": True}])
     from tests.helpers import count_rows
 

@@ -25,5 +25,5 @@ def test_relay_task_sends_what_is_ready(settings):
 
 
 def test_reap_task_reports_counts(settings):
-    settings.OUTBOX = {**settings.OUTBOX, "CONSUMERS": [], "RELAY": False}
+    settings.OUTBOX = {**settings.OUTBOX, "CONSUMERS": [], "TRANSPORT": None}
     assert tasks.reap() == {"messages": 0, "received": 0}

@@ -39,6 +39,42 @@ def test_a_new_settings_dict_takes_effect_at_once(settings):
     assert idempotency_settings.TTL == timedelta(seconds=7)
 
 
+#: Each app reports its own dict under its own ids (docs/settings.md).
+INVALID = {"TENANCY": "tenancy.E007", "OBSERVABILITY": "tenancy.E007",
+           "IDEMPOTENCY": "idempotency.E090", "OUTBOX": "outbox.E090"}
+UNKNOWN = {"TENANCY": "tenancy.E002", "OBSERVABILITY": "tenancy.E002",
+           "IDEMPOTENCY": "idempotency.E091", "OUTBOX": "outbox.E091"}
+REMOVED = UNKNOWN  # the same id, a message naming what replaces the key
+NOT_A_DICT = {"TENANCY": "tenancy.E001", "OBSERVABILITY": "tenancy.E001",
+              "IDEMPOTENCY": "idempotency.E090", "OUTBOX": "outbox.E090"}
+
+
+@pytest.mark.parametrize("app_settings", registered(), ids=lambda s: s.namespace)
+def test_a_removed_key_is_reported_with_what_replaces_it(settings, app_settings):
+    """Under its app's id, naming the replacement; never as an unknown key."""
+    namespace = app_settings.namespace
+    if not app_settings.removed:
+        pytest.skip(f"{namespace} has no removed key")
+    for key, replacement in app_settings.removed.items():
+        setattr(settings, namespace, {**getattr(settings, namespace, {}), key: 1})
+        found = checks.run_checks()
+        removed = [m for m in found if m.id == REMOVED[namespace] and f'["{key}"]' in m.msg]
+        assert len(removed) == 1, found
+        assert replacement in removed[0].msg and "was removed" in removed[0].msg
+        assert not [m for m in found if m.msg == f"Unknown setting {namespace}[{key!r}]."]
+
+
+@pytest.mark.parametrize("namespace", ["TENANCY", "IDEMPOTENCY", "OUTBOX", "OBSERVABILITY"])
+def test_an_unknown_key_or_a_dict_that_is_not_one_is_reported_by_its_app(settings, namespace):
+    setattr(settings, namespace, {**getattr(settings, namespace, {}), "NO_SUCH_KEY": 1})
+    found = checks.run_checks()
+    assert [m.id for m in found if "NO_SUCH_KEY" in m.msg] == [UNKNOWN[namespace]]
+    setattr(settings, namespace, ["not", "a", "dict"])
+    found = checks.run_checks()
+    assert [m.id for m in found if m.msg == f"settings.{namespace} must be a dict."] == [
+        NOT_A_DICT[namespace]]
+
+
 @pytest.mark.parametrize(
     ("namespace", "key", "value"),
     [
@@ -47,16 +83,16 @@ def test_a_new_settings_dict_takes_effect_at_once(settings):
         ("IDEMPOTENCY", "REQUIRED", "yes"),
         ("IDEMPOTENCY", "STATUS_MISMATCH", 1000),
         ("IDEMPOTENCY", "UNSTORED_STATUS_CODES", "409"),
-        ("IDEMPOTENCY", "MAX_KEY_LENGTH", 0),
-        ("OUTBOX", "CONSUMER_BATCH_SIZE", 0),
-        ("OUTBOX", "RETRY_BACKOFF", -1),
-        ("OUTBOX", "CELERY_TOPIC_TASKS", {"order.paid": 3}),
+        ("IDEMPOTENCY", "COMPLETE_MAX_ATTEMPTS", 0),
+        ("OUTBOX", "POLL_INTERVAL", -1),
+        ("OUTBOX", "CELERY_TASK", {"order.paid": 3}),
+        ("OUTBOX", "RETENTION", "7d"),
         ("TENANCY", "APP_DATABASE", ""),
     ],
 )
 def test_a_bad_value_is_a_check_error_naming_the_key(settings, namespace, key, value):
     setattr(settings, namespace, {**getattr(settings, namespace, {}), key: value})
-    errors = [m for m in checks.run_checks() if m.id == "tenancy.E007"]
+    errors = [m for m in checks.run_checks() if m.id == INVALID[namespace]]
     assert [m.msg for m in errors if f'{namespace}["{key}"]' in m.msg], errors
     app_settings = {s.namespace: s for s in registered()}[namespace]
     with pytest.raises(ConfigurationError, match=key):

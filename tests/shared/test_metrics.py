@@ -212,7 +212,7 @@ def test_lag_parked_and_the_blocker_are_read_at_scrape_time(client):
 
 
 def test_a_scrape_answers_when_the_database_cannot_be_read(client, settings):
-    settings.OBSERVABILITY = {"METRICS_DATABASE": "owner-does-not-exist"}
+    settings.TENANCY = {**settings.TENANCY, "ADMIN_DATABASE": "owner-does-not-exist"}
     text = scrape(client)
     assert value(text, "dio_outbox_scrape_ok") == 0
     assert "dio_outbox_lag_messages{" not in text

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.core.management import call_command
 
 from outbox.consumers import ensure_offsets, run_batch
-from outbox.status import status
+from outbox.observation import status
 from tenancy.aliases import app_alias
 from tenancy.checks import check_privileges
 from tenancy.privileges import apply, compare, role_names, statements

@@ -121,7 +121,7 @@ def test_system_checks_refuse_an_rls_bound_system_alias(settings):
 def test_system_checks_report_unknown_settings(settings):
     settings.IDEMPOTENCY = {"TTLL": 5}
     messages = checks.run_checks()
-    assert any(m.id == "tenancy.E002" and "TTLL" in m.msg for m in messages)
+    assert any(m.id == "idempotency.E091" and "TTLL" in m.msg for m in messages)
 
 
 def test_system_checks_refuse_a_policy_that_does_not_compare_with_the_tenant():
@@ -163,7 +163,7 @@ def test_system_checks_on_settings(settings):
     ids = {m.id for m in checks.run_checks()}
     assert {"tenancy.E003", "tenancy.W004", "tenancy.E006"} <= ids
     settings.IDEMPOTENCY = ["not", "a", "dict"]
-    assert "tenancy.E001" in {m.id for m in checks.run_checks()}
+    assert "idempotency.E090" in {m.id for m in checks.run_checks()}
 
 
 @pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")

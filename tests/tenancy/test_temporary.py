@@ -18,6 +18,7 @@ import pytest
 from django.conf import settings
 from django.core.management import call_command
 
+from tenancy.aliases import app_alias
 from tenancy.checks import check_temporary
 from tenancy.privileges import apply_database, database_statements, role_names
 from tests.helpers import connect, superuser
@@ -76,7 +77,7 @@ def test_the_owner_keeps_it_and_the_system_role_loses_it_with_public():
 
 def test_the_check_names_the_revoke_while_a_role_can_create_temporary_tables(public_temporary):
     assert can_create_temporary("default") and can_create_temporary("worker")
-    errors = check_temporary(databases=[role_alias("app")])
+    errors = check_temporary(databases=[app_alias()])
     names = role_names()
     assert [(e.id, e.msg.split("'")[1]) for e in errors] == [
         ("tenancy.E030", names["app"]), ("tenancy.E030", names["worker"])
@@ -90,7 +91,7 @@ def test_the_check_names_the_revoke_while_a_role_can_create_temporary_tables(pub
     out = io.StringIO()
     call_command("grant_privileges", database="owner", stdout=out)
     assert not can_create_temporary("default") and not can_create_temporary("worker")
-    assert check_temporary(databases=[role_alias("app")]) == []
+    assert check_temporary(databases=[app_alias()]) == []
 
 
 def test_migrate_takes_it_away_and_running_it_again_changes_nothing(public_temporary):

@@ -22,7 +22,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--limit", type=positive_int, default=None,
-            help='At most this many keys (default: IDEMPOTENCY["COMPLETE_BATCH_SIZE"]).',
+            help="At most this many keys (default: 100).",
         )
         parser.add_argument(
             "--database", default=None,

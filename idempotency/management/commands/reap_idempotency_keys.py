@@ -20,11 +20,11 @@ class Command(BaseCommand):
             "--batch-size",
             type=positive_int,
             default=None,
-            help='Rows per delete transaction (default: IDEMPOTENCY["REAP_BATCH_SIZE"]).',
+            help="Rows per delete transaction (default: 100).",
         )
         parser.add_argument(
             "--pause", type=non_negative_seconds, default=None, metavar="SECONDS",
-            help='Pause between two batches (default: IDEMPOTENCY["REAP_PAUSE"]).',
+            help="Pause between two batches (default: 0.01).",
         )
         parser.add_argument(
             "--dry-run", action="store_true", help="Count what would be deleted; delete nothing."

@@ -22,8 +22,7 @@ class Command(BaseCommand):
         parser.add_argument("--max-lag", type=non_negative_seconds, metavar="SECONDS",
                             help='oldest unpassed message allowed (OUTBOX["HEALTH_MAX_LAG"])')
         parser.add_argument("--max-lease-age", type=non_negative_seconds, metavar="SECONDS",
-                            help="how long a relay's lease may have run out "
-                                 '(OUTBOX["HEALTH_MAX_LEASE_AGE"])')
+                            help="how long a relay's lease may have run out (default 10)")
         parser.add_argument("--no-relay", action="store_true",
                             help="do not check the relay (e.g. a consumer pod's probe)")
 

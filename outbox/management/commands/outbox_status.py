@@ -29,7 +29,7 @@ class Command(BaseCommand):
         pass
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from outbox.status import status
+        from outbox.observation import status
 
         try:
             s = status()

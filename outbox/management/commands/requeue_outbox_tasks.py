@@ -13,7 +13,7 @@ from django_idempotency_outbox.errors import ConfigurationError
 class Command(BaseCommand):
     help = (
         "Make ready again the outbox's receiver tasks of django-tasks-db whose worker died "
-        "mid-task (RUNNING past OUTBOX['TASKS_STALLED_AFTER'] and held by no receiver) or "
+        "mid-task (RUNNING past --stalled-after, 30 s unless given, and held by no receiver) or "
         "that could not settle their message (FAILED)."
     )
 
@@ -21,7 +21,8 @@ class Command(BaseCommand):
         parser.add_argument("--every", type=float, metavar="SECONDS",
                             help="look again every SECONDS until SIGTERM (default: once)")
         parser.add_argument("--stalled-after", type=float, metavar="SECONDS",
-                            help="override OUTBOX['TASKS_STALLED_AFTER']")
+                            help="how long a RUNNING task may run before it counts as "
+                            "stalled (default 30)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         from outbox.django_tasks import requeue_stalled

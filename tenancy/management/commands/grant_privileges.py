@@ -9,7 +9,7 @@ from django.db import DatabaseError
 
 class Command(BaseCommand):
     help = (
-        "Apply the library's privileges (tenancy.privileges.MATRIX) to the app, worker and "
+        "Apply the library's privileges (tenancy.privileges.matrix()) to the app, worker and "
         "system roles, as the tables' owner: REVOKE what the matrix does not give, then GRANT "
         "what it does; and take TEMPORARY on the database away from the app and worker roles "
         "(as the database's owner). migrate run as the owner does the same; --print shows the SQL."

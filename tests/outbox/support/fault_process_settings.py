@@ -12,7 +12,6 @@ from tests.outbox.support.process_settings import OUTBOX
 
 OUTBOX = {
     **OUTBOX,
-    "RECEIVER_RETRY_BACKOFF": 0.2,
-    "RECEIVER_RETRY_BACKOFF_MAX": 1.0,
+    "RECEIVER_RETRY_BACKOFF_MAX": 0.5,
     "RECEIVER_MAX_ATTEMPTS": int(os.environ.get("DIO_RECEIVER_MAX_ATTEMPTS", "60")),
 }

@@ -38,6 +38,7 @@ class OrderRecorder(Consumer):
     name = "orders"
     topics = ["order.placed"]
     batch_size = 50
+    retry_backoff = 0  # the backoff is tested on its own (test_consumers.py)
 
     def handle(self, message: Message) -> None:
         record(message)  # written first, so a failure has something to roll back
@@ -55,6 +56,7 @@ class PartitionedRecorder(Consumer):
     topics = ["order.sequenced"]
     partitions = 4
     batch_size = 20
+    retry_backoff = 0
 
     def handle(self, message: Message) -> None:
         delay = float(os.environ.get("DIO_HANDLER_DELAY", "0"))
@@ -73,6 +75,7 @@ class SlowRecorder(Consumer):
     name = "orders-slow"
     topics = ["order.slow"]
     batch_size = 10
+    retry_backoff = 0
 
     def handle(self, message: Message) -> None:
         record(message)

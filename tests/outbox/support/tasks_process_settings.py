@@ -25,10 +25,8 @@ OUTBOX = {
     **OUTBOX,
     "TRANSPORT": "outbox.django_tasks.DjangoTasksTransport",
     "TASKS_TASK": "tests.outbox.support.tasks_receiver.receive",
-    "RECEIVER_RETRY_BACKOFF": 0.2,
-    "RECEIVER_RETRY_BACKOFF_MAX": 1.0,
+    "RECEIVER_RETRY_BACKOFF_MAX": 0.5,
     "RECEIVER_MAX_ATTEMPTS": int(os.environ.get("DIO_RECEIVER_MAX_ATTEMPTS", "60")),
-    "TASKS_STALLED_AFTER": float(os.environ.get("DIO_TASKS_STALLED_AFTER", "2")),
 }
 
 
