@@ -142,8 +142,11 @@ def test_no_transaction_is_open_on_the_relays_session_while_it_sends():
     finally:
         relay.release()
     assert len(transport.sent) == 5 and len(transport.seen) == 3
+    # A connection of the relay's thread is idle, or closed between rounds (a batch read
+    # ahead needs none of it); the first send follows a read on it.
+    assert transport.seen[0][0], transport.seen
     for local, held_across in transport.seen:
-        assert local and set(local.values()) == {psycopg.pq.TransactionStatus.IDLE}, local
+        assert set(local.values()) <= {psycopg.pq.TransactionStatus.IDLE}, transport.seen
         assert held_across == set()
 
 
