@@ -1544,4 +1544,15 @@ CATALOGUE: list[Mutant] = [
             " producer)\nVALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, 'v2')",
         ),),
     ),
+    mutant(
+        "relay.send-in-transaction", "outbox.relay",
+        "the relay sends with no transaction open (docs/outbox.md)",
+        "outbox/relay.py",
+        "            with _relay_spans(self.name, batch.messages):\n",
+        "            with _relay_spans(self.name, batch.messages), __import__(\"django.db\").db"
+        ".transaction.atomic(using=self.alias):\n"
+        "                __import__(\"django.db\").db.connections[self.alias].cursor()"
+        ".execute(\"SELECT 1\")\n",
+        (O_CLAIMS + "::test_no_transaction_is_open_on_the_relays_session_while_it_sends",),
+    ),
 ]
