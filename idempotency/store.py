@@ -32,12 +32,12 @@ from django.db import DatabaseError, IntegrityError, connections, transaction
 from django.db.models import BooleanField, Count, ExpressionWrapper, Q, Window
 from django.db.models.functions import Coalesce, Now
 
-from django_idempotency_outbox import statements
 from django_idempotency_outbox.leases import LeaseRow
-from django_idempotency_outbox.statements import Statement
 from idempotency.models import IdempotencyKey
+from tenancy import statements
 from tenancy.conf import tenancy_settings
 from tenancy.context import search_path_sql, set_tenant_sql
+from tenancy.statements import Statement
 
 if TYPE_CHECKING:
     from idempotency.core import IdempotentRequest, StoredResponse
@@ -348,7 +348,7 @@ UPDATE idempotency_keys SET ({_names(_FINISHED)}) = ROW({_exprs(_FINISHED)})
 # that is most of its cost, about 90 µs of server CPU against 40 prepared
 # (docs/benchmarks.md). On an alias that is not pooled they are
 # prepared, all three by a connection's first read (peek), in the same
-# message, and sent as EXECUTE from then on (django_idempotency_outbox.statements).
+# message, and sent as EXECUTE from then on (tenancy.statements).
 # Through a pooler nothing is ever prepared: the next borrower of a server
 # session would find names it did not prepare (tests/idempotency/test_prepared.py).
 

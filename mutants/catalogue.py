@@ -1076,9 +1076,9 @@ CATALOGUE: list[Mutant] = [
     ),
     # --- the hot paths' statements (issue 22: prepared where not pooled; the relay's shortcuts)
     mutant(
-        "statements.pooled-alias-prepares", "django_idempotency_outbox.statements",
+        "statements.pooled-alias-prepares", "tenancy.statements",
         "a pooled alias never sees a prepared statement, and nothing is left in its sessions",
-        "django_idempotency_outbox/statements.py",
+        "tenancy/statements.py",
         "    return isinstance(cursor.cursor, psycopg.ClientCursor) and not pooled(alias)",
         "    return isinstance(cursor.cursor, psycopg.ClientCursor)",
         (IDEM + "test_prepared.py", OUTBOX + "test_prepared_insert.py"),
@@ -1092,9 +1092,9 @@ CATALOGUE: list[Mutant] = [
         (IDEM + "test_prepared.py", OUTBOX + "test_prepared_insert.py"),
     ),
     mutant(
-        "statements.deallocated-not-forgotten", "django_idempotency_outbox.statements",
+        "statements.deallocated-not-forgotten", "tenancy.statements",
         "statements someone deallocated are prepared again by the next message",
-        "django_idempotency_outbox/statements.py",
+        "tenancy/statements.py",
         "    if not isinstance(exc.__cause__, psycopg.errors.InvalidSqlStatementName):\n        return False",
         "    if True:\n        return False",
         (IDEM + "test_prepared.py", OUTBOX + "test_prepared_insert.py"),

@@ -36,11 +36,11 @@ from django.db import DatabaseError, connections
 from django.db.models import Count, F, Q
 from django.db.models.functions import Now
 
-from django_idempotency_outbox import statements
 from django_idempotency_outbox.leases import LeaseRow
-from django_idempotency_outbox.statements import Statement
 from outbox.stream import ENVELOPE_KEYS, Batch, Envelope, Message, Position
+from tenancy import statements
 from tenancy.context import execute_pinned
+from tenancy.statements import Statement
 
 # The models are imported by the functions that use them: publish() and
 # receive() import this module, and may be imported before Django's app
@@ -229,7 +229,7 @@ VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s::jsonb)
 
 # On an alias that is not pooled, prepared by the first message that sends it
 # on a connection, and sent as EXECUTE from then on
-# (django_idempotency_outbox.statements): the server parses and plans it once
+# (tenancy.statements): the server parses and plans it once
 # per connection, not once per message.
 _INSERT_STATEMENT = Statement.of(
     "outbox_insert", _INSERT_MESSAGE, ["bigint", "uuid", "text", "text", "text", "text", "text",

@@ -312,9 +312,9 @@ def _set(connection: Any, tenant_id: int | None, *, fresh: bool = False) -> None
     key = tenancy_settings.VERIFIED_CONTEXT
     if key is None:
         # On the cursor the library keeps per connection: a new one costs
-        # more than this statement (django_idempotency_outbox.statements,
+        # more than this statement (tenancy.statements,
         # which imports this module, hence the import here).
-        from django_idempotency_outbox.statements import cursor as kept_cursor
+        from tenancy.statements import cursor as kept_cursor
 
         _send(kept_cursor(connection.alias), [set_tenant_sql(tenant_id), *pin])
         return

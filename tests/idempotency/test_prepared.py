@@ -21,10 +21,10 @@ import pytest
 from django.db import connections
 from rest_framework.test import APIClient
 
-from django_idempotency_outbox.statements import Statement
 from idempotency import core, store
 from tenancy.aliases import app_alias
 from tenancy.context import pooled, search_path_sql
+from tenancy.statements import Statement
 from tests.helpers import app_connection, count_rows
 from tests.idempotency.test_upstream import request, stored, wire
 from tests.pooler import Pooler, pool_of_one

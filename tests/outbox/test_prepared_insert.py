@@ -1,7 +1,7 @@
 """publish()'s INSERT is prepared where a server session is the connection's own, never pooled.
 
 ``outbox.store.insert_message`` sends its INSERT through the cursor the
-library keeps per connection (``django_idempotency_outbox.statements``):
+library keeps per connection (``tenancy.statements``):
 prepared by the first message that sends it on a connection of an alias
 that is not pooled, ``EXECUTE`` from then on; as text through a pooler. And
 whatever it sends still passes through Django's cursor wrapping, so that
