@@ -425,10 +425,6 @@ def test_a_session_lock_left_behind_delays_only_during_a_publishing_transaction_
         assert uuid.UUID(late) in readable()  # and no longer once it has ended
 
 
-@pytest.mark.direct_sessions(reason="takes session-level advisory locks on purpose: through "
-                             "pgbouncer they stay on pooled server sessions that later tests "
-                             "borrow (tests/test_session_state.py proves the same claim through "
-                             "a pooler of its own)")
 @pytest.mark.parametrize("key", ["the tenant's", "the bound's"])
 def test_a_key_held_exclusively_by_someone_else_blocks_no_publisher_and_passes_nothing(key):
     """Advisory locks belong to no one: a session may hold a mark's key exclusively.

@@ -26,7 +26,7 @@ from outbox.testing import InMemoryTransport
 from outbox.transports import CeleryTransport, _Template
 from tenancy.aliases import system_alias
 from tests.helpers import observer
-from tests.outbox.helpers import publish_many, wait_for
+from tests.outbox.support.helpers import publish_many, wait_for
 from tests.outbox.test_redis_wire import PAYLOADS, masked, needs_kombu_batches, raw_items
 
 A = 1
