@@ -16,7 +16,7 @@ from django.http import JsonResponse
 from django.test import RequestFactory
 
 from idempotency import phases, store
-from idempotency.conf import idempotency_settings
+from idempotency.conf import REAP_LEASE, idempotency_settings
 from idempotency.core import IdempotentRequest, Outcome
 from idempotency.decorators import idempotent
 from idempotency.phases import Finish, Phases, RecoveryPoint
@@ -205,7 +205,7 @@ def test_every_lease_and_horizon_of_the_keys_is_the_database_clocks(settings, wr
                    expires_at=Now() - dt.timedelta(minutes=1))
     reap_expired_keys(progress=lambda line: leases.append(_seconds_left(
         "(SELECT until FROM idempotency_leases WHERE name = 'reaper') - now()")))
-    assert len(leases) == 1 and 50 < leases[0] <= idempotency_settings.REAP_LEASE
+    assert len(leases) == 1 and 50 < leases[0] <= REAP_LEASE
 
     # Horizons: STUCK_AFTER and GIVE_UP_AFTER (the reaper), COMPLETE_AFTER (the completer).
     _plant_pending("a minute old", dt.timedelta(minutes=1))

@@ -423,9 +423,7 @@ class OrderFingerprintHookViewSet(OrderScopeAndPrincipalHooksViewSet):
     """The fingerprint hook of docs/mixin.md's example: the body's ``sent_at`` ignored."""
 
     def get_idempotency_fingerprint(self):
-        # idempotency.fingerprint, the module: `from idempotency import fingerprint` gives the
-        # submodule once it is imported (issue 21 fixes that public name).
-        from idempotency.fingerprint import canonical_path, fingerprint
+        from idempotency import canonical_path, fingerprint  # as docs/mixin.md imports them
 
         data = {k: v for k, v in self.request.data.items() if k != "sent_at"}
         path = canonical_path(self.request.path, self.request.META.get("QUERY_STRING", ""))
