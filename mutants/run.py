@@ -39,6 +39,7 @@ from mutants.catalogue import CATALOGUE, Mutant
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 300  # seconds per mutant's tests: a mutant that hangs them counts as killed
+BASELINE_TIMEOUT = 3600  # seconds for the unmutated run of every mutant's tests
 
 
 def scratch_tree(rev: str | None) -> Path:
@@ -89,13 +90,13 @@ def existing_tests(tree: Path, tests: tuple[str, ...]) -> list[str]:
     return [t for t in tests if (tree / t.split("::")[0]).exists()]
 
 
-def pytest(tree: Path, tests: list[str], log: Path) -> tuple[int, float]:
+def pytest(tree: Path, tests: list[str], log: Path, timeout: float = TIMEOUT) -> tuple[int, float]:
     started = time.monotonic()
     command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
     with log.open("w") as out:
         try:
             code = subprocess.run(
-                command, cwd=tree, stdout=out, stderr=subprocess.STDOUT, timeout=TIMEOUT,
+                command, cwd=tree, stdout=out, stderr=subprocess.STDOUT, timeout=timeout,
             ).returncode
         except subprocess.TimeoutExpired:
             code = -1
@@ -168,10 +169,13 @@ def main(argv: list[str] | None = None) -> int:
         logs.mkdir()
         every_test = sorted({t for m in chosen for t in existing_tests(tree, m.tests)})
         print(f"mutants: the unmutated tests first ({len(every_test)} targets)", flush=True)
-        code, took = pytest(tree, every_test, logs / "baseline.log")
+        # Every mutant's tests at once: as long as the whole suite may take.
+        code, took = pytest(tree, every_test, logs / "baseline.log", timeout=BASELINE_TIMEOUT)
         if code != 0:
             print((logs / "baseline.log").read_text()[-3000:], file=sys.stderr)
-            print("mutants: the tests fail without any mutant; nothing measured", file=sys.stderr)
+            reason = (f"took longer than {BASELINE_TIMEOUT} s" if code == -1
+                      else "fail without any mutant")
+            print(f"mutants: the tests {reason}; nothing measured", file=sys.stderr)
             return 2
         print(f"mutants: baseline green in {took:.0f} s", flush=True)
 
