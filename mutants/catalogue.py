@@ -126,8 +126,8 @@ CATALOGUE: list[Mutant] = [
         "core.in-progress-not-detected", "idempotency.core",
         "same key while the first is running: 409 with Retry-After at once",
         "idempotency/core.py",
-        "                if not found.locked:\n                    return Result(Outcome.IN_PROGRESS)",
-        "                if found.locked is None:\n                    return Result(Outcome.IN_PROGRESS)",
+        "        if not found.locked:\n            return Result(Outcome.IN_PROGRESS)",
+        "        if found.locked is None:\n            return Result(Outcome.IN_PROGRESS)",
         (I_CLAIMS, IDEM + "test_concurrency.py", IDEM + "test_core.py"),
     ),
     mutant(
@@ -1543,5 +1543,14 @@ CATALOGUE: list[Mutant] = [
             "       (tenant_id, message_id, topic, key, aggregate_type, aggregate_id, payload, headers,"
             " producer)\nVALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, 'v2')",
         ),),
+    ),
+    mutant(
+        "core.savepoint-before-lock", "idempotency.core",
+        "a final 4xx keeps the key's lock until its answer is stored (the handler's savepoint"
+        " opens after the lock)",
+        "idempotency/core.py",
+        "            (self.trailing if self.trail else self.held).append(sql)",
+        "            self.held.append(sql)",
+        (IDEM + "test_handler_savepoint.py",),
     ),
 ]
