@@ -11,9 +11,10 @@ How one request goes, in a transaction of its own (each line one round trip)::
               autocommit, one implicit transaction (store.peek). A live
               row is answered from here: a replay is this one indexed read,
               with no BEGIN and no COMMIT.
-    claim     BEGIN; SET LOCAL the tenant; SAVEPOINT; SELECT the key row
-              again and, if there is no live row, try a transaction-level
-              advisory lock on the key (never blocks)
+    claim     BEGIN; SET LOCAL the tenant; SELECT the key row again and, if
+              there is no live row, try a transaction-level advisory lock on
+              the key (never blocks); SAVEPOINT (after the lock, which a
+              rollback to the savepoint would otherwise release)
     handler   runs inside the savepoint (its own statements)
     store     RELEASE SAVEPOINT; INSERT the finished row (UPDATE, to take
               over an expired one); COMMIT
@@ -21,8 +22,8 @@ How one request goes, in a transaction of its own (each line one round trip)::
 A new key costs two round trips more than the handler's own transaction would
 (the read and the claim; the store carries the COMMIT). ``BEGIN``, ``SET
 LOCAL`` and ``SAVEPOINT`` travel with the claim, ``RELEASE SAVEPOINT`` and
-``COMMIT`` with the store (see :class:`_Coalesce` and
-:func:`idempotency.store.insert_finished`). Inside a caller's transaction
+``COMMIT`` with the store (see :class:`_Coalesce`, :class:`_HandlerSavepoint`
+and :func:`idempotency.store.insert_finished`). Inside a caller's transaction
 there is no read in autocommit and nothing is merged: the claim's lookup
 answers a replay there.
 
@@ -44,6 +45,7 @@ Every time comparison is made by the database clock (``now()``).
 
 from __future__ import annotations
 
+import _thread
 import enum
 import hashlib
 import time
@@ -62,6 +64,7 @@ from idempotency.conf import MAX_KEY_LENGTH, idempotency_settings
 from idempotency.exceptions import InvalidKey as InvalidKey  # public here too: core.InvalidKey
 from tenancy import tenant_context
 from tenancy.aliases import app_alias
+from tenancy.statements import cursor as kept_cursor
 
 T = TypeVar("T")
 
@@ -312,16 +315,25 @@ class _Coalesce:
         # sent (the SET LOCAL restoring the outer tenant) would be lost.
         self.active = enabled
         self.held: list[str] = []
+        #: Statements to send *after* the next statement, in its message (only
+        #: on a cursor that binds on the client): the cursor is left on that
+        #: statement's (last) result.
+        self.trailing: list[str] = []
+        #: Hold the next held statement as a trailing one (_HandlerSavepoint.trail).
+        self.trail = False
 
     def __call__(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         if self.active and params is None and not many and sql.startswith(self.HELD):
-            self.held.append(sql)
+            (self.trailing if self.trail else self.held).append(sql)
+            self.trail = False
             return None
-        if not self.held:
+        if not self.held and not self.trailing:
             return execute(sql, params, many, context)
         held, self.held = self.held, []
+        trailing, self.trailing = self.trailing, []
         cursor = context["cursor"].cursor
         if many or not isinstance(cursor, psycopg.ClientCursor):
+            # Never with trailing statements (_HandlerSavepoint.trail asks first).
             for statement in held:
                 execute(statement, None, False, context)
             return execute(sql, params, many, context)
@@ -331,7 +343,7 @@ class _Coalesce:
         raw = cursor.connection
         begin = begin_statement(raw)
         if begin is None:
-            result = execute("; ".join([*held, bound]), None, many, context)
+            result = execute("; ".join([*held, bound, *trailing]), None, many, context)
         else:
             # psycopg would send its BEGIN as a round trip of its own before
             # this message; it goes first in the message instead. psycopg
@@ -343,12 +355,95 @@ class _Coalesce:
             # (tests/idempotency/test_upstream.py pins it).
             raw.autocommit = True
             try:
-                result = execute("; ".join([begin, *held, bound]), None, many, context)
+                result = execute("; ".join([begin, *held, bound, *trailing]), None, many, context)
             finally:
                 raw._autocommit = False
-        while cursor.nextset():  # the caller reads the last statement's result
-            pass
+        # The caller reads its own statement's result (the last but the
+        # trailing ones): selected at once, not by a nextset() per statement.
+        cursor.set_result(-1 - len(trailing))
         return result
+
+
+class _HandlerSavepoint(transaction.Atomic):
+    """The handler's savepoint: Django's ``atomic()``, without its two new cursors.
+
+    Opened *after* the claim's lookup and lock: rolling back to it (a final
+    4xx, ``_Undo``) undoes the handler's writes but keeps the key's advisory
+    lock, taken before it, until the answer is stored and committed, so that a
+    duplicate cannot run the handler in between. (A lock taken inside a
+    savepoint is released by ``ROLLBACK TO SAVEPOINT``.)
+
+    ``atomic()`` sends ``SAVEPOINT`` and ``RELEASE SAVEPOINT`` each through a
+    new cursor, only for :class:`_Coalesce` to hold them back: the cursor cost
+    more than the statement. In a transaction of our own, on a cursor that
+    binds on the client, :meth:`trail` sends ``SAVEPOINT`` on the cursor the
+    library keeps (:func:`tenancy.statements.cursor`:
+    execute wrappers and query logging see it as before), and ``coalesce``
+    holds it to travel at the end of the claim's message; entering the block
+    then keeps Django's books exactly as ``atomic()`` does (the savepoint's
+    id in ``savepoint_ids``, the block in ``atomic_blocks``), and leaving it
+    normally sends ``RELEASE SAVEPOINT`` the same way, held to travel at the
+    head of the store's message. Leaving it by an exception (the handler's,
+    or ``_Undo``) or with the transaction marked for rollback is
+    ``atomic()``'s own exit: ``ROLLBACK TO SAVEPOINT`` (dropping the
+    ``on_commit`` callbacks registered inside), then ``RELEASE``. Without
+    :meth:`trail` (a caller's transaction, a cursor that binds on the server)
+    it is ``atomic()`` unchanged, its ``SAVEPOINT`` sent as the block opens.
+    """
+
+    def __init__(self, using: str, coalesce: _Coalesce) -> None:
+        super().__init__(using, savepoint=True, durable=False)
+        self.alias = using
+        self.coalesce = coalesce
+        self.sid: str | None = None
+
+    def trail(self) -> None:
+        """Send ``SAVEPOINT`` after the next statement, in its message, where that can be.
+
+        Call it just before the claim's lookup. If the block is not entered
+        afterwards (a replay, a key in progress), the savepoint ends with the
+        transaction: only a transaction of our own is ever given one here.
+        """
+        connection = connections[self.alias]
+        if not (
+            self.coalesce.active
+            and connection.in_atomic_block
+            and not connection.needs_rollback
+            and not connection.get_autocommit()
+            and issubclass(connection.connection.cursor_factory, psycopg.ClientCursor)
+        ):
+            return
+        # connection.savepoint(), on the kept cursor: execute wrappers and
+        # query logging see the statement, which coalesce holds as trailing.
+        connection.savepoint_state += 1
+        thread = str(_thread.get_ident()).replace("-", "")
+        self.sid = f"s{thread}_x{connection.savepoint_state}"  # connection.savepoint()'s name
+        self.coalesce.trail = True
+        kept_cursor(self.alias).execute(connection.ops.savepoint_create_sql(self.sid))
+
+    def __enter__(self) -> None:
+        if self.sid is None:
+            super().__enter__()
+            return
+        connection = connections[self.alias]
+        connection.savepoint_ids.append(self.sid)
+        connection.atomic_blocks.append(self)
+
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        connection = connections[self.alias]
+        if (
+            self.sid is None
+            or exc_type is not None
+            or connection.needs_rollback
+            or connection.closed_in_transaction
+        ):
+            super().__exit__(exc_type, exc_value, traceback)
+            return
+        # connection.savepoint_commit(), on the kept cursor: coalesce holds
+        # it, for the store that follows.
+        connection.atomic_blocks.pop()
+        sid = connection.savepoint_ids.pop()
+        kept_cursor(self.alias).execute(connection.ops.savepoint_commit_sql(sid))
 
 
 def begin_statement(raw: psycopg.Connection[Any]) -> str | None:
@@ -391,16 +486,18 @@ def _attempt(
             return answer_from_row(request, peeked)
     coalesce = _Coalesce(enabled=outermost)
     with connection.execute_wrapper(coalesce), tenant_context(request.tenant_id, using=alias):
+        # BEGIN and the tenant's SET LOCALs travel before the lookup, the
+        # handler's SAVEPOINT after it (the key's lock outside the savepoint).
+        savepoint = _HandlerSavepoint(alias, coalesce)
+        savepoint.trail()
+        with tracing.span("idempotency.key_lookup"):
+            found = store.lookup(alias, request, lock=True)
+        if found.live:
+            return answer_from_row(request, found)
+        if not found.locked:
+            return Result(Outcome.IN_PROGRESS)
         try:
-            # The handler's savepoint opens before the lookup, so that BEGIN's
-            # companions (SET LOCAL, SAVEPOINT) travel with the lookup.
-            with transaction.atomic(using=alias):
-                with tracing.span("idempotency.key_lookup"):
-                    found = store.lookup(alias, request, lock=True)
-                if found.live:
-                    return answer_from_row(request, found)
-                if not found.locked:
-                    return Result(Outcome.IN_PROGRESS)
+            with savepoint:
                 coalesce.active = False
                 try:
                     value = handler()

@@ -319,8 +319,7 @@ def peek(using: str, request: IdempotentRequest) -> KeyLookup | None:
             raise
         if prepare:
             statements.record(cursor, _PREPARED, prepared=True)
-        while cursor.nextset():  # past the SET LOCALs and PREPAREs, to the lookup's row
-            pass
+        cursor.set_result(-1)  # past the SET LOCALs and PREPAREs, to the lookup's row
         break
     live, locked, leased, token, fingerprint, state, status, body, headers = cursor.fetchone()
     return KeyLookup(live, locked, leased, token, fingerprint, state, status, body, _json(headers))

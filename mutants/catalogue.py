@@ -126,8 +126,8 @@ CATALOGUE: list[Mutant] = [
         "core.in-progress-not-detected", "idempotency.core",
         "same key while the first is running: 409 with Retry-After at once",
         "idempotency/core.py",
-        "                if not found.locked:\n                    return Result(Outcome.IN_PROGRESS)",
-        "                if found.locked is None:\n                    return Result(Outcome.IN_PROGRESS)",
+        "        if not found.locked:\n            return Result(Outcome.IN_PROGRESS)",
+        "        if found.locked is None:\n            return Result(Outcome.IN_PROGRESS)",
         (I_CLAIMS, IDEM + "test_concurrency.py", IDEM + "test_core.py"),
     ),
     mutant(
@@ -1554,5 +1554,14 @@ CATALOGUE: list[Mutant] = [
         "                __import__(\"django.db\").db.connections[self.alias].cursor()"
         ".execute(\"SELECT 1\")\n",
         (O_CLAIMS + "::test_no_transaction_is_open_on_the_relays_session_while_it_sends",),
+    ),
+    mutant(
+        "core.savepoint-before-lock", "idempotency.core",
+        "a final 4xx keeps the key's lock until its answer is stored (the handler's savepoint"
+        " opens after the lock)",
+        "idempotency/core.py",
+        "            (self.trailing if self.trail else self.held).append(sql)",
+        "            self.held.append(sql)",
+        (IDEM + "test_handler_savepoint.py",),
     ),
 ]

@@ -116,7 +116,8 @@ def test_the_first_read_of_a_connection_prepares_the_three_statements_in_its_one
     assert peek.startswith(pinned + "PREPARE "), peek
     assert [f"PREPARE {name} " in peek for name in NAMES] == [True, True, True]
     assert peek.endswith(f"EXECUTE {store._PEEK_STATEMENT.name}(1, 'upstream', 'first')"), peek
-    claimed = claim.rsplit("; ", 1)[-1]
+    claimed, savepoint = claim.rsplit("; ", 2)[-2:]  # the handler's savepoint after the lock
+    assert savepoint.startswith('SAVEPOINT "'), savepoint
     assert claimed.startswith(f"EXECUTE {store._CLAIM_STATEMENT.name}(")  # the lock id, the key
     assert claimed.endswith(", 1, 'upstream', 'first')"), claimed
     assert f"; EXECUTE {store._STORE_STATEMENT.name}(1, 'upstream', 'first', " in store_
@@ -296,7 +297,8 @@ def test_on_a_cursor_that_binds_on_the_server_the_library_leaves_preparing_to_ps
         cursor.execute("SELECT name FROM pg_prepared_statements ORDER BY 1")
         names = [row[0] for row in cursor.fetchall()]
     assert names and all(name.startswith("_pg3_") for name in names), names  # psycopg's only
-    # One statement per round trip: BEGIN, the tenant, the pin, SAVEPOINT, the lookup,
-    # then RELEASE, the key's INSERT and COMMIT for a new key, COMMIT for a replay.
-    assert (new, replayed) == (8, 6), (new, replayed)
+    # One statement per round trip: BEGIN, the tenant, the pin, the lookup, then for a
+    # new key SAVEPOINT (after the lock), RELEASE, the key's INSERT and COMMIT; for a
+    # replay COMMIT (no savepoint: the handler does not run).
+    assert (new, replayed) == (8, 5), (new, replayed)
     assert count_rows("idempotency_keys") == 7 and count_rows("outbox_messages") == 1

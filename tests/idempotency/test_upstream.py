@@ -214,8 +214,11 @@ def test_a_new_key_is_a_read_a_claim_and_a_store():
     peek, claim, order, stored_ = sent  # and no COMMIT of its own after the store
     assert peek.startswith(f"SET LOCAL app.tenant_id = '1'; {search_path_sql(app_alias())}; ")
     assert reads_key(peek), peek
-    pinned = f"BEGIN; SET LOCAL app.tenant_id = '1'; {search_path_sql(app_alias())}; SAVEPOINT "
+    pinned = f"BEGIN; SET LOCAL app.tenant_id = '1'; {search_path_sql(app_alias())}; "
     assert claim.startswith(pinned), claim
+    # The handler's savepoint after the key's lock (idempotency.core._HandlerSavepoint).
+    claim, savepoint = claim.rsplit("; ", 1)
+    assert savepoint.startswith('SAVEPOINT "'), savepoint
     assert claims_key(claim), claim
     assert order.startswith('INSERT INTO "testapp_order"'), order
     assert stored_.startswith("RELEASE SAVEPOINT "), stored_
@@ -298,7 +301,7 @@ def test_psycopg_keeps_its_autocommit_mode_in_the_attribute_coalesce_sets_back()
 
 
 def test_a_failed_claim_message_leaves_a_transaction_django_rolls_back():
-    # The claim message is BEGIN; SET LOCAL; SAVEPOINT; lookup. If the lookup
+    # The claim message is BEGIN; SET LOCAL; lookup; SAVEPOINT. If the lookup
     # fails, the BEGIN has run: atomic() must roll back, and the connection
     # must be usable, in autocommit, afterwards.
     def broken(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
