@@ -17,6 +17,7 @@ these settings:
 
 from tests.settings import *  # noqa: F403
 from tests.settings import DATABASES as _DATABASES
+from tests.settings import POOLED_ALIASES as _POOLED_ALIASES
 from tests.settings import TENANCY as _TENANCY
 
 
@@ -37,3 +38,9 @@ DATABASE_ROUTERS = ["tenancy.routers.AppDatabaseRouter"]
 TENANCY = {
     **_TENANCY, "APP_DATABASE": "app", "WORKER_DATABASE": "consumers", "SYSTEM_DATABASE": "upkeep",
 }
+
+#: The aliases DIO_POOLED puts behind pgbouncer, by both names: the new one (what the
+#: library and the helpers ask about) and the old one (what a test's direct_sessions
+#: marker may name).
+_RENAMED = {"default": "app", "worker": "consumers", "system": "upkeep"}
+POOLED_ALIASES = _POOLED_ALIASES | {_RENAMED[alias] for alias in _POOLED_ALIASES}
