@@ -419,7 +419,16 @@ class _HandlerSavepoint(transaction.Atomic):
         thread = str(_thread.get_ident()).replace("-", "")
         self.sid = f"s{thread}_x{connection.savepoint_state}"  # connection.savepoint()'s name
         self.coalesce.trail = True
-        kept_cursor(self.alias).execute(connection.ops.savepoint_create_sql(self.sid))
+        kept = kept_cursor(self.alias)
+        kept.execute(connection.ops.savepoint_create_sql(self.sid))
+        if self.coalesce.trail:
+            # Not held: an execute wrapper outside coalesce changed its text (a
+            # leading comment), and it went out at once, before the key's lock.
+            # Released again at once; the block opens its savepoint as atomic()
+            # does, after the lock.
+            self.coalesce.trail = False
+            kept.execute(connection.ops.savepoint_commit_sql(self.sid))
+            self.sid = None
 
     def __enter__(self) -> None:
         if self.sid is None:

@@ -1095,8 +1095,8 @@ CATALOGUE: list[Mutant] = [
         "statements.deallocated-not-forgotten", "tenancy.statements",
         "statements someone deallocated are prepared again by the next message",
         "tenancy/statements.py",
-        "    if not isinstance(exc.__cause__, psycopg.errors.InvalidSqlStatementName):\n        return False",
-        "    if True:\n        return False",
+        "    if isinstance(cause, psycopg.errors.InvalidSqlStatementName):\n",
+        "    if False:\n",
         (IDEM + "test_prepared.py", OUTBOX + "test_prepared_insert.py"),
     ),
     mutant(
@@ -1563,5 +1563,35 @@ CATALOGUE: list[Mutant] = [
         "            (self.trailing if self.trail else self.held).append(sql)",
         "            self.held.append(sql)",
         (IDEM + "test_handler_savepoint.py",),
+    ),
+    mutant(
+        "statements.cursor-keeps-its-connection", "tenancy.statements",
+        "a connection Django closed is not kept in memory by the library's kept cursor",
+        "tenancy/statements.py",
+        "    kept = _cursors.get(connection)\n",
+        "    kept = _cursors.get(connection.connection)\n",
+        (IDEM + "test_prepared.py::test_a_closed_connection_is_not_kept_alive_by_the_kept_cursor",),
+        more=(Edit("tenancy/statements.py",
+                   "            kept = _cursors[connection] = connection.create_cursor()",
+                   "            kept = _cursors[connection.connection] = connection.create_cursor()"),),
+    ),
+    mutant(
+        "statements.result-type-change-fatal", "tenancy.statements",
+        "a migration that changes a prepared statement's result type does not break open "
+        "connections (their statements go as text)",
+        "tenancy/statements.py",
+        "    if isinstance(cause, psycopg.errors.FeatureNotSupported) and _sessions.get(session):",
+        "    if False:",
+        (IDEM + "test_prepared.py::test_a_column_whose_type_a_migration_changed_is_read_as_text"
+         "_from_then_on",),
+    ),
+    mutant(
+        "core.savepoint-text-unchecked", "idempotency.core",
+        "the key's lock stays outside the handler's savepoint when a wrapper changes its text",
+        "idempotency/core.py",
+        "        if self.coalesce.trail:\n            # Not held",
+        "        if False:\n            # Not held",
+        (IDEM + "test_handler_savepoint.py::test_a_wrapper_that_changes_the_savepoints_text_still"
+         "_leaves_the_lock_outside_it",),
     ),
 ]

@@ -100,7 +100,11 @@ class Statement:
 #: there, True: prepared; False: sent as text (a message that prepared it failed).
 _sessions: weakref.WeakKeyDictionary[Any, dict[str, bool]] = weakref.WeakKeyDictionary()
 
-#: Per connection: the psycopg cursor :func:`cursor` keeps.
+#: Per Django connection (one per alias and thread, for the thread's life): the
+#: psycopg cursor :func:`cursor` keeps, made on the psycopg connection it has
+#: now. Keyed on Django's wrapper, not on psycopg's connection: a cursor holds
+#: its connection, so a dict keyed on the connection would keep every one the
+#: process ever opened (each request's, with ``CONN_MAX_AGE = 0``).
 _cursors: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
@@ -133,12 +137,25 @@ def forget_if_gone(cursor: Any, exc: BaseException) -> bool:
     """After a failed statement: True if it failed because a prepared statement is gone.
 
     Something deallocated the session's statements; the session is
-    forgotten, so that the next message prepares them again.
+    forgotten, so that the next message prepares them again. Or a column of
+    a prepared statement's result changed type (a migration, while the
+    connection stayed open): the session's statements are sent as text from
+    then on.
     """
-    if not isinstance(exc.__cause__, psycopg.errors.InvalidSqlStatementName):
-        return False
-    _sessions.pop(cursor.cursor.connection, None)
-    return True
+    cause, session = exc.__cause__, cursor.cursor.connection
+    if isinstance(cause, psycopg.errors.InvalidSqlStatementName):
+        _sessions.pop(session, None)
+        return True
+    if isinstance(cause, psycopg.errors.FeatureNotSupported) and _sessions.get(session):
+        # "cached plan must not change result type": a column of a prepared
+        # statement's result changed type since the session prepared it (a
+        # migration). PostgreSQL refuses that EXECUTE for the session's life;
+        # the session sends the statements as text from now on.
+        known = _sessions[session]
+        for name in known:
+            known[name] = False
+        return True
+    return False
 
 
 @async_unsafe
@@ -153,11 +170,10 @@ def cursor(alias: str) -> Any:
     connection = connections[alias]
     connection.close_if_health_check_failed()
     connection.ensure_connection()
-    raw = connection.connection
-    kept = _cursors.get(raw)
-    if kept is None or kept.closed:
+    kept = _cursors.get(connection)
+    if kept is None or kept.closed or kept.connection is not connection.connection:
         with connection.wrap_database_errors:
-            kept = _cursors[raw] = connection.create_cursor()
+            kept = _cursors[connection] = connection.create_cursor()
     connection.validate_thread_sharing()
     if connection.queries_logged:
         return connection.make_debug_cursor(kept)

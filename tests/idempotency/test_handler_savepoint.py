@@ -206,3 +206,40 @@ def test_the_keys_lock_is_held_after_the_handlers_writes_are_undone(status):
         assert [held for _, held in seen] == [False], seen
         assert count_rows("idempotency_keys") == 0
     assert skus() == [] and lock_is_free(keyed.lock_id) and clean()
+
+
+def _tag(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+    """A query-tagging execute wrapper: a comment at the head of every statement."""
+    return execute(f"/* app=shop */ {sql}", params, many, context)
+
+
+@pytest.mark.parametrize("status", [402, 201])
+def test_a_wrapper_that_changes_the_savepoints_text_still_leaves_the_lock_outside_it(status):
+    """An execute wrapper installed before the library's (query tagging) puts a comment at the
+    head of the SAVEPOINT, which then goes out at once rather than after the claim: the key's
+    lock must still be taken outside the savepoint, and a final 4xx keep it."""
+    keyed = request(f"tagged-{status}")
+    seen: list[bool] = []
+
+    def watch(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        result = execute(sql, params, many, context)
+        if "ROLLBACK TO SAVEPOINT" in sql:
+            seen.append(lock_is_free(keyed.lock_id))  # just after the rollback to the savepoint
+        return result
+
+    def handler() -> core.StoredResponse:
+        order("tagged")
+        return stored(status)
+
+    app_connection().ensure_connection()
+    with app_connection().execute_wrapper(_tag), app_connection().execute_wrapper(watch):
+        result = core.execute(keyed, handler, lambda r: r)
+    assert clean()
+    if status == 402:
+        assert result.verdict is core.Verdict.FAILED
+        assert count_rows("idempotency_keys", "state = 'failed'") == 1 and skus() == []
+        assert seen == [False], "the key's lock was released by ROLLBACK TO SAVEPOINT"
+    else:
+        assert result.outcome is core.Outcome.EXECUTED and skus() == ["tagged"]
+    again = core.execute(keyed, handler, lambda r: r)  # the next request on this connection
+    assert again.outcome is core.Outcome.REPLAYED and clean()

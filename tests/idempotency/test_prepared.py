@@ -25,7 +25,7 @@ from idempotency import core, store
 from tenancy.aliases import app_alias
 from tenancy.context import pooled, search_path_sql
 from tenancy.statements import Statement
-from tests.helpers import app_connection, count_rows
+from tests.helpers import app_connection, count_rows, observer
 from tests.idempotency.test_upstream import request, stored, wire
 from tests.pooler import Pooler, pool_of_one
 from tests.tenancy.test_pinned_names import shadow, temporary_allowed  # noqa: F401 (a fixture)
@@ -302,3 +302,50 @@ def test_on_a_cursor_that_binds_on_the_server_the_library_leaves_preparing_to_ps
     # replay COMMIT (no savepoint: the handler does not run).
     assert (new, replayed) == (8, 5), (new, replayed)
     assert count_rows("idempotency_keys") == 7 and count_rows("outbox_messages") == 1
+
+
+# --- what a connection's prepared statements must survive ---------------------------------
+
+
+@direct_only
+def test_a_closed_connection_is_not_kept_alive_by_the_kept_cursor():
+    """The library keeps one psycopg cursor per Django connection; a connection Django closed
+    (after every request with CONN_MAX_AGE = 0) must not stay in memory through it."""
+    import gc
+    import weakref
+
+    from tenancy import statements
+
+    closed = []
+    for _ in range(5):
+        connection = app_connection()
+        connection.ensure_connection()
+        statements.cursor(app_alias()).execute("SELECT 1")
+        closed.append(weakref.ref(connection.connection))
+        connection.close()
+    statements.cursor(app_alias()).execute("SELECT 1")  # the next connection's cursor
+    gc.collect()
+    assert [ref() is None for ref in closed] == [True] * 5
+
+
+@direct_only
+def test_a_column_whose_type_a_migration_changed_is_read_as_text_from_then_on(fresh):
+    """PostgreSQL refuses, for the session's life, an EXECUTE whose result type changed since
+    the PREPARE ("cached plan must not change result type"). A migration that changes a column
+    of the key's row while connections stay open (CONN_MAX_AGE = None) must not make their
+    keyed requests fail: the session's statements are sent as text from then on."""
+    new_key("before")
+    assert prepared_here() == NAMES
+    with observer() as owner:
+        owner.execute("ALTER TABLE idempotency_keys ALTER COLUMN status_code TYPE integer")
+    try:
+        replay("before")  # the peek's EXECUTE is refused; sent again as text
+        new_key("after")  # the claim and the store as text too
+        replay("after")
+        with wire() as traced:
+            replay("after")
+        assert "EXECUTE" not in traced.round_trips()[0]
+    finally:
+        app_connection().close()
+        with observer() as owner:
+            owner.execute("ALTER TABLE idempotency_keys ALTER COLUMN status_code TYPE smallint")
