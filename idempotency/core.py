@@ -65,6 +65,7 @@ from idempotency.exceptions import InvalidKey as InvalidKey  # public here too: 
 from tenancy import tenant_context
 from tenancy.aliases import app_alias
 from tenancy.statements import cursor as kept_cursor
+from tenancy.statements import select_result
 
 T = TypeVar("T")
 
@@ -360,7 +361,7 @@ class _Coalesce:
                 raw._autocommit = False
         # The caller reads its own statement's result (the last but the
         # trailing ones): selected at once, not by a nextset() per statement.
-        cursor.set_result(-1 - len(trailing))
+        select_result(cursor, -1 - len(trailing))
         return result
 
 

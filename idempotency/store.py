@@ -319,7 +319,7 @@ def peek(using: str, request: IdempotentRequest) -> KeyLookup | None:
             raise
         if prepare:
             statements.record(cursor, _PREPARED, prepared=True)
-        cursor.set_result(-1)  # past the SET LOCALs and PREPAREs, to the lookup's row
+        statements.select_result(cursor.cursor, -1)  # past the SET LOCALs and PREPAREs
         break
     live, locked, leased, token, fingerprint, state, status, body, headers = cursor.fetchone()
     return KeyLookup(live, locked, leased, token, fingerprint, state, status, body, _json(headers))

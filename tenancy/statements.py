@@ -158,6 +158,20 @@ def forget_if_gone(cursor: Any, exc: BaseException) -> bool:
     return False
 
 
+def select_result(cursor: Any, index: int) -> None:
+    """Leave a psycopg cursor on result ``index`` (negative: from the end) of its last message.
+
+    ``Cursor.set_result()`` where psycopg has it; before it (the oldest
+    psycopg the library supports), ``nextset()`` as many times as it takes,
+    counted from the cursor's results.
+    """
+    if hasattr(cursor, "set_result"):
+        cursor.set_result(index)
+        return
+    for _ in range(index % len(cursor._results)):
+        cursor.nextset()
+
+
 @async_unsafe
 def cursor(alias: str) -> Any:
     """A Django cursor on ``alias`` around the psycopg cursor kept for its connection.
