@@ -97,6 +97,8 @@ def pytest(tree: Path, tests: list[str], log: Path, timeout: float = TIMEOUT) ->
         try:
             code = subprocess.run(
                 command, cwd=tree, stdout=out, stderr=subprocess.STDOUT, timeout=timeout,
+                # The scratch tree has no history; tests that need it read this checkout's.
+                env={**os.environ, "DIO_REPOSITORY": str(ROOT)},
             ).returncode
         except subprocess.TimeoutExpired:
             code = -1

@@ -34,7 +34,10 @@ from tests.dbsetup import owner_dsn, template_name
 from tests.live import ROOT, free_port
 
 PREVIOUS = "ab7a18f"  # 0.1.0.dev0
-HOME = ROOT / ".run" / f"rolling-{PREVIOUS}"
+#: The checkout whose history holds the previous release: this one, or the one a copy
+#: without history was made from (mutants/run.py sets DIO_REPOSITORY for its scratch trees).
+REPOSITORY = Path(os.environ.get("DIO_REPOSITORY", ROOT))
+HOME = REPOSITORY / ".run" / f"rolling-{PREVIOUS}"
 NAME = os.environ.get("DIO_TEST_DB", "dio_test") + "_rolling"
 
 pytestmark = [
@@ -53,13 +56,14 @@ def _run(args: list[str], **kwargs: object) -> str:
 @pytest.fixture(scope="module")
 def previous() -> Path:
     """The previous release's tree, with a virtualenv of its own (built once, then reused)."""
-    if not (ROOT / ".git").exists():
-        pytest.skip("needs the repository's history (git archive of the previous release)")
+    if not (REPOSITORY / ".git").exists():
+        pytest.skip("needs the repository's history (git archive of the previous release): "
+                    "run from a git checkout, or set DIO_REPOSITORY to one")
     tree, venv, stamp = HOME / "tree", HOME / "venv", HOME / ".installed"
     if not stamp.exists():
         shutil.rmtree(HOME, ignore_errors=True)
         tree.mkdir(parents=True)
-        archive = subprocess.run(["git", "archive", PREVIOUS], cwd=ROOT, capture_output=True,
+        archive = subprocess.run(["git", "archive", PREVIOUS], cwd=REPOSITORY, capture_output=True,
                                  check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
         _run([sys.executable, "-m", "venv", str(venv)])
