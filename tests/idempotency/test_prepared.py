@@ -349,3 +349,23 @@ def test_a_column_whose_type_a_migration_changed_is_read_as_text_from_then_on(fr
         app_connection().close()
         with observer() as owner:
             owner.execute("ALTER TABLE idempotency_keys ALTER COLUMN status_code TYPE smallint")
+
+
+@direct_only
+def test_a_name_someone_else_prepared_is_never_executed(fresh):
+    """docs/roles.md: on a direct connection the library runs by name only what it prepared
+    itself there. A statement prepared under one of its names before its first read (a leftover
+    on a persistent connection) makes that read's PREPARE fail once; the connection then sends
+    the statements as text, never the foreign one."""
+    with app_connection().cursor() as cursor:
+        cursor.execute(f"PREPARE {store._PEEK_STATEMENT.name} (bigint, text, text) AS"
+                       " SELECT NULL::bool, NULL::bool, NULL::bool, NULL::bigint, NULL::text,"
+                       " 'completed'::text, 200::smallint, NULL::bytea, NULL::jsonb")
+    with pytest.raises(Exception, match="already exists"):
+        new_key("foreign")
+    with wire() as traced:
+        new_key("foreign")
+        replay("foreign")
+    sent = traced.round_trips()
+    assert not [m for m in sent if "PREPARE" in m or "EXECUTE" in m], sent
+    assert count_rows("idempotency_keys") == 1
