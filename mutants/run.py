@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -94,13 +95,18 @@ def pytest(tree: Path, tests: list[str], log: Path, timeout: float = TIMEOUT) ->
     started = time.monotonic()
     command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
     with log.open("w") as out:
+        # A session of its own: a run that times out is killed with everything it
+        # started (a live server, a worker), which its fixtures can no longer stop.
+        proc = subprocess.Popen(
+            command, cwd=tree, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            # The scratch tree has no history; tests that need it read this checkout's.
+            env={**os.environ, "DIO_REPOSITORY": str(ROOT)},
+        )
         try:
-            code = subprocess.run(
-                command, cwd=tree, stdout=out, stderr=subprocess.STDOUT, timeout=timeout,
-                # The scratch tree has no history; tests that need it read this checkout's.
-                env={**os.environ, "DIO_REPOSITORY": str(ROOT)},
-            ).returncode
+            code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
             code = -1
     return code, time.monotonic() - started
 
