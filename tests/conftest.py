@@ -123,3 +123,23 @@ def wrong_app_clock(request, monkeypatch):
     monkeypatch.setattr(timezone, "now", lambda: real_now() + offset)
     monkeypatch.setattr(time, "time", lambda: real_time() + offset.total_seconds())
     return offset
+
+
+@pytest.fixture
+def pooler():
+    """A pgbouncer of the test's own (one server session per pool, tests/pooler.py): what
+    one test leaves in its sessions ends with it."""
+    from tests.pooler import pool_of_one
+
+    with pool_of_one() as running:
+        yield running
+
+
+@pytest.fixture
+def fresh():
+    """The app alias on a new connection (a new server session), closed again after the test."""
+    from tests.helpers import app_connection
+
+    app_connection().close()
+    yield
+    app_connection().close()

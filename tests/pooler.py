@@ -95,6 +95,30 @@ class Pooler:
                 connection.settings_dict.clear()
                 connection.settings_dict.update(values)
 
+    @contextlib.contextmanager
+    def through(self, alias: str, *, declared: bool) -> Iterator[None]:
+        """``alias`` connects through this pooler, declared pooled in its settings or not.
+
+        Declared: :meth:`routed`. Undeclared is a deployment that forgot
+        ``DISABLE_SERVER_SIDE_CURSORS`` (and ``tenancy.databases(pooled=...)``):
+        only the host and port change, and the library must notice the pooler
+        by itself.
+        """
+        if declared:
+            with self.routed(alias):
+                yield
+            return
+        connection = connections[alias]
+        connection.close()
+        saved = dict(connection.settings_dict)
+        connection.settings_dict.update(HOST="127.0.0.1", PORT=str(self.port), CONN_MAX_AGE=None)
+        try:
+            yield
+        finally:
+            connection.close()
+            connection.settings_dict.clear()
+            connection.settings_dict.update(saved)
+
 
 @contextlib.contextmanager
 def pool_of_one() -> Iterator[Pooler]:

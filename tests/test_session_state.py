@@ -20,7 +20,6 @@ through the pooler, the library leaves nothing in a session.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -41,7 +40,7 @@ from tenancy.aliases import app_alias, worker_alias
 from tenancy.conf import tenancy_settings
 from tests.helpers import app_atomic, count_rows, observer, set_tenant
 from tests.outbox.support.recorders import OrderRecorder
-from tests.pooler import Pooler, pool_of_one
+from tests.pooler import Pooler
 from tests.session_state import (
     django_state,
     librarys_prepared_statements,
@@ -58,12 +57,6 @@ SCOPE = "order.create-published"
 def aliases() -> dict[str, str]:
     return {"app": app_alias(), "worker": worker_alias(),
             "system": tenancy_settings.SYSTEM_DATABASE}
-
-
-@pytest.fixture
-def pooler() -> Iterator[Pooler]:
-    with pool_of_one() as running:
-        yield running
 
 
 @pytest.fixture

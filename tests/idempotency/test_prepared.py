@@ -13,7 +13,6 @@ private pgbouncer whose pool holds one server session.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,7 +26,6 @@ from tenancy.context import pooled, search_path_sql
 from tenancy.statements import Statement
 from tests.helpers import app_connection, count_rows, observer
 from tests.idempotency.test_upstream import request, stored, wire
-from tests.pooler import Pooler, pool_of_one
 from tests.tenancy.test_pinned_names import shadow, temporary_allowed  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.plain_context(
@@ -58,44 +56,6 @@ def new_key(key: str) -> core.Result[Any]:
 
 def replay(key: str) -> None:
     assert core.execute(request(key), stored, lambda r: r).outcome is core.Outcome.REPLAYED
-
-
-@pytest.fixture
-def fresh() -> Iterator[None]:
-    """The app alias on a new connection (a new server session), closed again after the test."""
-    app_connection().close()
-    yield
-    app_connection().close()
-
-
-@pytest.fixture
-def pooler() -> Iterator[Pooler]:
-    with pool_of_one() as running:
-        yield running
-
-
-@contextlib.contextmanager
-def through(pooler: Pooler, *, declared: bool) -> Iterator[None]:
-    """The app alias connects through ``pooler``: declared pooled in its settings, or not.
-
-    Undeclared is a deployment that forgot ``DISABLE_SERVER_SIDE_CURSORS``
-    (and ``tenancy.databases(pooled=...)``): the library must notice the
-    pooler by itself.
-    """
-    if declared:
-        with pooler.routed(app_alias()):
-            yield
-        return
-    connection = app_connection()
-    connection.close()
-    saved = dict(connection.settings_dict)
-    connection.settings_dict.update(HOST="127.0.0.1", PORT=str(pooler.port), CONN_MAX_AGE=None)
-    try:
-        yield
-    finally:
-        connection.close()
-        connection.settings_dict.clear()
-        connection.settings_dict.update(saved)
 
 
 # --- a direct alias ---------------------------------------------------------------------
@@ -226,7 +186,7 @@ def test_a_statements_name_is_its_purpose_and_its_text():
 @pytest.mark.parametrize("declared", [True, False], ids=["declared", "undeclared"])
 def test_a_pooled_alias_never_prepares_and_leaves_no_statement_in_the_session(pooler, declared):
     app = app_alias()
-    with through(pooler, declared=declared):
+    with pooler.through(app_alias(), declared=declared):
         assert pooled(app) is True
         app_connection().ensure_connection()
         with wire() as traced:

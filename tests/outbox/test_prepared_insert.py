@@ -10,8 +10,6 @@ whatever it sends still passes through Django's cursor wrapping, so that
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,7 +21,6 @@ from tenancy import tenant_context
 from tenancy.aliases import app_alias
 from tests.helpers import app_connection, count_rows
 from tests.idempotency.test_upstream import wire
-from tests.pooler import Pooler, pool_of_one
 
 A = 1
 NAME = store._INSERT_STATEMENT.name
@@ -43,38 +40,6 @@ def publish_some(count: int, topic: str = "order.placed") -> None:
     with tenant_context(A):
         for n in range(count):
             publish(topic, {"n": n})
-
-
-@pytest.fixture
-def fresh() -> Iterator[None]:
-    app_connection().close()
-    yield
-    app_connection().close()
-
-
-@pytest.fixture
-def pooler() -> Iterator[Pooler]:
-    with pool_of_one() as running:
-        yield running
-
-
-@contextlib.contextmanager
-def through(pooler: Pooler, *, declared: bool) -> Iterator[None]:
-    """The app alias through ``pooler``, declared pooled in its settings or not."""
-    if declared:
-        with pooler.routed(app_alias()):
-            yield
-        return
-    connection = app_connection()
-    connection.close()
-    saved = dict(connection.settings_dict)
-    connection.settings_dict.update(HOST="127.0.0.1", PORT=str(pooler.port), CONN_MAX_AGE=None)
-    try:
-        yield
-    finally:
-        connection.close()
-        connection.settings_dict.clear()
-        connection.settings_dict.update(saved)
 
 
 def inserts(sent: list[str]) -> list[str]:
@@ -129,7 +94,7 @@ def test_an_insert_deallocated_by_someone_fails_once_then_is_prepared_again(fres
 
 @pytest.mark.parametrize("declared", [True, False], ids=["declared", "undeclared"])
 def test_a_pooled_alias_never_prepares_the_insert(pooler, declared):
-    with through(pooler, declared=declared):
+    with pooler.through(app_alias(), declared=declared):
         app_connection().ensure_connection()
         with wire() as traced:
             publish_some(3)

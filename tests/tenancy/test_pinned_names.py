@@ -36,7 +36,6 @@ from tenancy.aliases import app_alias, worker_alias
 from tests.helpers import count_rows, superuser
 from tests.outbox.support.helpers import effects, message_position, offset, publish_many
 from tests.outbox.support.recorders import OrderRecorder
-from tests.pooler import Pooler, pool_of_one
 from tests.testapp.models import Order
 
 B = 2  # bob's tenant (tests/testapp/auth.py); the earlier borrower had none
@@ -51,13 +50,6 @@ SEARCH_PATHS = {
 
 def shadow(table: str) -> str:
     return f"CREATE TEMP TABLE {table} (LIKE public.{table} INCLUDING ALL)"
-
-
-@pytest.fixture
-def pooler() -> Iterator[Pooler]:
-    """A pooler of the test's own: what one test leaves in its sessions ends with it."""
-    with pool_of_one() as running:
-        yield running
 
 
 @pytest.fixture
