@@ -43,8 +43,7 @@ from django.conf import settings  # noqa: E402
 
 from outbox import ReceiverTask, receiver  # noqa: E402
 from outbox.stream import Message  # noqa: E402
-from tenancy import current_tenant_id  # noqa: E402
-from tests.testapp.models import Order  # noqa: E402
+from tests.outbox.support.effects import record_order  # noqa: E402
 
 TASK = "tests.faults.receive"
 
@@ -83,18 +82,4 @@ app.conf.update(
 @app.task(base=ReceiverTask, name=TASK, shared=False)
 @receiver(TASK)
 def receive(message: Message) -> None:
-    payload = message.payload
-    Order.objects.create(
-        tenant_id=current_tenant_id(),
-        sku=str(payload.get("sku", ""))[:50],
-        note=str(message.message_id),
-    )
-    if payload.get("fail_while") and Path(payload["fail_while"]).exists():
-        raise RuntimeError(f"failing while {payload['fail_while']} exists")
-    if payload.get("sleep"):
-        time.sleep(float(payload["sleep"]))
-    if payload.get("hold"):
-        marker = Path(payload["hold"]) / f"{message.message_id}.pid"
-        if not marker.exists():
-            marker.write_text(str(os.getpid()))
-            time.sleep(60)
+    record_order(message)

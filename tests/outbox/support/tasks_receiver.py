@@ -1,37 +1,16 @@
 """The receiver of the Django tasks tests: an outbox receiver written as a Django task.
 
-Its effect is an Order whose note is the message id (as tests/outbox/support/fault_worker_app.py's
-Celery task); the payload steers it the same way:
-
-- ``hold``: a directory; the first delivery writes ``<message id>.pid`` there
-  (its process id) and waits a minute, to be killed mid-task;
-- ``fail_while``: a file; the receiver raises while it exists.
+Its effect, steered by the payload, is the Celery task's of
+tests/outbox/support/fault_worker_app.py: tests/outbox/support/effects.py.
 """
 
 from __future__ import annotations
 
-import os
-import time
-from pathlib import Path
-
 from outbox.django_tasks import receiver_task
 from outbox.stream import Message
-from tenancy import current_tenant_id
-from tests.testapp.models import Order
+from tests.outbox.support.effects import record_order
 
 
 @receiver_task("tests.tasks.receive")
 def receive(message: Message) -> None:
-    payload = message.payload
-    Order.objects.create(
-        tenant_id=current_tenant_id(),
-        sku=str(payload.get("sku", ""))[:50],
-        note=str(message.message_id),
-    )
-    if payload.get("fail_while") and Path(payload["fail_while"]).exists():
-        raise RuntimeError(f"failing while {payload['fail_while']} exists")
-    if payload.get("hold"):
-        marker = Path(payload["hold"]) / f"{message.message_id}.pid"
-        if not marker.exists():
-            marker.write_text(str(os.getpid()))
-            time.sleep(60)
+    record_order(message)
