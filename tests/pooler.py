@@ -45,6 +45,24 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@contextlib.contextmanager
+def connection_settings(alias: str, **values: Any) -> Iterator[None]:
+    """Django's ``alias`` connects with ``values`` in its settings while the block runs.
+
+    Its connection is closed before and after, so that each side connects anew.
+    """
+    connection = connections[alias]
+    connection.close()
+    saved = dict(connection.settings_dict)
+    connection.settings_dict.update(values)
+    try:
+        yield
+    finally:
+        connection.close()
+        connection.settings_dict.clear()
+        connection.settings_dict.update(saved)
+
+
 class Pooler:
     """A running private pgbouncer: transaction pooling, one server session per pool."""
 
@@ -76,24 +94,15 @@ class Pooler:
         With the options docs/scaling.md asks of a pooled alias, and persistent
         client connections, as deployed.
         """
-        saved = {}
-        for alias in aliases:
-            connection = connections[alias]
-            connection.close()
-            saved[alias] = dict(connection.settings_dict)
-            connection.settings_dict.update(
-                HOST="127.0.0.1", PORT=str(self.port), CONN_MAX_AGE=None,
-                CONN_HEALTH_CHECKS=True, DISABLE_SERVER_SIDE_CURSORS=True,
-                OPTIONS={**connection.settings_dict.get("OPTIONS", {}), "prepare_threshold": None},
-            )
-        try:
+        with contextlib.ExitStack() as stack:
+            for alias in aliases:
+                options = connections[alias].settings_dict.get("OPTIONS", {})
+                stack.enter_context(connection_settings(
+                    alias, HOST="127.0.0.1", PORT=str(self.port), CONN_MAX_AGE=None,
+                    CONN_HEALTH_CHECKS=True, DISABLE_SERVER_SIDE_CURSORS=True,
+                    OPTIONS={**options, "prepare_threshold": None},
+                ))
             yield
-        finally:
-            for alias, values in saved.items():
-                connection = connections[alias]
-                connection.close()
-                connection.settings_dict.clear()
-                connection.settings_dict.update(values)
 
     @contextlib.contextmanager
     def through(self, alias: str, *, declared: bool) -> Iterator[None]:
@@ -108,16 +117,9 @@ class Pooler:
             with self.routed(alias):
                 yield
             return
-        connection = connections[alias]
-        connection.close()
-        saved = dict(connection.settings_dict)
-        connection.settings_dict.update(HOST="127.0.0.1", PORT=str(self.port), CONN_MAX_AGE=None)
-        try:
+        with connection_settings(alias, HOST="127.0.0.1", PORT=str(self.port),
+                                 CONN_MAX_AGE=None):
             yield
-        finally:
-            connection.close()
-            connection.settings_dict.clear()
-            connection.settings_dict.update(saved)
 
 
 @contextlib.contextmanager

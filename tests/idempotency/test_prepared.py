@@ -26,6 +26,7 @@ from tenancy.context import pooled, search_path_sql
 from tenancy.statements import Statement
 from tests.helpers import app_connection, count_rows, observer
 from tests.idempotency.test_upstream import request, stored, wire
+from tests.pooler import connection_settings
 from tests.tenancy.test_pinned_names import shadow, temporary_allowed  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.plain_context(
@@ -216,18 +217,11 @@ def test_a_pooled_alias_never_prepares_and_leaves_no_statement_in_the_session(po
 @pytest.fixture
 def server_side_binding() -> Iterator[None]:
     """The app alias binds parameters on the server, and psycopg prepares, as documented."""
-    connection = app_connection()
-    connection.close()
-    saved = dict(connection.settings_dict)
-    connection.settings_dict["OPTIONS"] = {
-        **saved.get("OPTIONS", {}), "server_side_binding": True, "prepare_threshold": 5,
-    }
-    try:
+    options = app_connection().settings_dict.get("OPTIONS", {})
+    with connection_settings(app_alias(), OPTIONS={
+        **options, "server_side_binding": True, "prepare_threshold": 5,
+    }):
         yield
-    finally:
-        connection.close()
-        connection.settings_dict.clear()
-        connection.settings_dict.update(saved)
 
 
 def messages(traced: Any) -> int:
