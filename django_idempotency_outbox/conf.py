@@ -12,10 +12,11 @@ its settings dict, each with its default and its converter::
     idempotency_settings = IdempotencySettings()
     idempotency_settings.TTL      # a timedelta, whatever the user wrote (5 -> 5 s)
 
-A value is converted (and refused if it cannot be) the first time it is read
-after the settings dict changed, and the converted value is kept until the
-dict is replaced: ``override_settings`` and pytest-django's ``settings``
-fixture take effect at once; mutating the dict in place does not. A value
+A value is converted (and refused if it cannot be) the first time it is read,
+and the converted value is kept until Django says the settings changed (its
+``setting_changed`` signal, as DRF's settings do): ``override_settings`` and
+pytest-django's ``settings`` fixture take effect at once; mutating the dict in
+place does not. A value
 that cannot be converted is a ``manage.py check`` error naming the key
 (:func:`check`, which each app registers under its own check ids), so a typo
 fails at deploy time, not on the first request. A key a release removed is
@@ -33,7 +34,7 @@ from typing import Any, ClassVar, Generic, TypeVar, overload
 
 from django.conf import settings
 from django.core import checks
-from django.utils.functional import empty
+from django.core.signals import setting_changed
 
 from django_idempotency_outbox.durations import as_seconds, as_timedelta
 from django_idempotency_outbox.errors import ConfigurationError
@@ -97,7 +98,6 @@ class AppSettings:
         cls._declared = declared
 
     def __init__(self) -> None:
-        self._source: object = _UNSET
         self._values: dict[str, Any] = {}
         _registry.append(self)
 
@@ -120,14 +120,7 @@ class AppSettings:
         Raises:
             ConfigurationError: it is not a dict.
         """
-        # One shared empty dict when the project has none: a new {} per call
-        # would look like a changed dict, and every read would convert again.
-        # Read from the settings object LazySettings wraps (override_settings
-        # replaces it): through LazySettings, a namespace the project does not
-        # set costs an AttributeError raised in Python on every read, and the
-        # request path reads settings a dozen times (docs/benchmarks.md).
-        holder = _lazy_settings.get("_wrapped", empty)
-        value = getattr(settings if holder is empty else holder, self.namespace, _NO_SETTINGS)
+        value = getattr(settings, self.namespace, _NO_SETTINGS)
         if not isinstance(value, Mapping):
             raise ConfigurationError(f"settings.{self.namespace} must be a dict.")
         return value
@@ -135,13 +128,11 @@ class AppSettings:
     def value(self, key: str) -> Any:
         """The converted value of ``key`` (the default when the user gave none).
 
+        Converted once, and kept until the settings change (:meth:`reload`).
+
         Raises:
             ConfigurationError: the user's value cannot be converted.
         """
-        source = self.user_settings()
-        if source is not self._source:
-            self._values = {}
-            self._source = source
         try:
             return self._values[key]
         except KeyError:
@@ -149,6 +140,7 @@ class AppSettings:
         setting = self._declared.get(key)
         if setting is None:
             raise AttributeError(f"{self.namespace} has no setting {key!r}")
+        source = self.user_settings()
         raw = source[key] if key in source else setting.default
         try:
             converted = setting.convert(raw, self.label(key))
@@ -156,6 +148,10 @@ class AppSettings:
             raise ConfigurationError(str(exc)) from exc
         self._values[key] = converted
         return converted
+
+    def reload(self) -> None:
+        """Forget the converted values: the next read converts the settings again."""
+        self._values = {}
 
     def unknown_keys(self) -> list[str]:
         """Keys of the user's dict that this app does not know (typos), removed ones aside."""
@@ -183,14 +179,20 @@ class AppSettings:
         return f"<{type(self).__name__} {self.namespace}>"
 
 
-_UNSET = object()
-#: LazySettings' own attributes: ``_wrapped`` is the settings object it stands
-#: for (``empty`` until first use), replaced by ``override_settings``.
-_lazy_settings: dict[str, Any] = object.__getattribute__(settings, "__dict__")
 _NO_SETTINGS: Mapping[str, Any] = MappingProxyType({})
 
 #: Every settings object, so that one system check covers them all.
 _registry: list[AppSettings] = []
+
+
+def reload_settings(*, setting: str, **kwargs: Any) -> None:
+    """``setting_changed``: forget the converted values of the namespace that changed."""
+    for app_settings in _registry:
+        if app_settings.namespace == setting:
+            app_settings.reload()
+
+
+setting_changed.connect(reload_settings)
 
 
 def registered() -> list[AppSettings]:
