@@ -133,8 +133,8 @@ def seed(database: str) -> None:
     """Fill the tables the workloads use, then ANALYZE them, as a superuser.
 
     A production table holds a day's keys and has statistics; the bench's
-    starts empty. The library's prepared statements are planned once per
-    connection from the statistics of the moment (and again after each
+    starts empty. The library's functions plan their statements once per
+    server session from the statistics of the moment (and again after each
     ANALYZE), so a table that starts empty and grows during the run would
     be measured with a plan made for an empty table (docs/benchmarks.md).
     """

@@ -397,7 +397,7 @@ def bench_publish(rounds: int, transactions: int, per: int = 100) -> dict[str, l
     kinds = [("publish", with_publish), ("plain", plain)]
     for r in range(rounds):
         for name, run in kinds if r % 2 == 0 else reversed(kinds):
-            run()  # connections open, statements prepared
+            run()  # connections open, statements planned
             cluster = [postmaster, *children(postmaster)] if postmaster else []
             started, own, db = time.perf_counter(), time.process_time(), cpu_seconds(cluster)
             for _ in range(transactions):

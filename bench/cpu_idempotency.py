@@ -16,8 +16,8 @@ side in one run (workloads interleaved, the median of the rounds):
   tenant-scoped create, with the design's targets;
 - then the cost of one statement through each layer, to show what is left to
   cut: Django's cursor against psycopg's own, and the replay's lookup parsed
-  and planned each time (as the library sends it on a pooled alias) against
-  its prepared form (as it sends it on a direct one, idempotency.store).
+  and planned each time (the same query sent as text) against the function
+  the library calls (idempotency_lookup(), planned once per server session).
 """
 
 from __future__ import annotations
@@ -180,7 +180,9 @@ def main() -> None:
 
 
 def statements(n: int = 3000) -> None:
-    """One statement's cost through Django's cursor and psycopg's, planned or prepared."""
+    """One statement's cost through Django's cursor and psycopg's; the key's read as the
+    library sends it (idempotency_lookup(), planned once per server session) and as the
+    same query sent as text (parsed and planned every time)."""
     import psycopg
     from django.db import connections
 
@@ -195,23 +197,18 @@ def statements(n: int = 3000) -> None:
     request = IdempotentRequest(tenant_id=1, scope="order.create", key="replayed-key",
                                 fingerprint="")
     cursor = psycopg.ClientCursor(raw)
-    # The replay's one message, as idempotency.store.peek sends it: the
-    # lookup as text (a pooled alias), or its prepared form (a direct one).
+    # The replay's one message, as idempotency.store.peek sends it.
     head = f"{set_tenant_sql(1)}; {search_path_sql('default')}; "
-    lookup = cursor.mogrify(head + store._LOOKUP_ONLY, store._key(request))
-    peek = getattr(store, "_PEEK_STATEMENT", None)  # None: a release that prepares nothing
-    name = peek.name if peek is not None else "bench_lookup"
-    cursor.execute(head + "SELECT name FROM pg_prepared_statements WHERE name = %s", [name])
-    cursor.nextset()
-    cursor.nextset()
-    if cursor.fetchone() is None:  # not prepared by the workloads (a pooled alias): here
-        cursor.execute(head + (peek.prepare if peek is not None else (
-            "PREPARE bench_lookup(bigint, text, text) AS "
-            + store._LOOKUP_ONLY.replace("%(tenant_id)s", "$1").replace("%(scope)s", "$2")
-            .replace("%(key)s", "$3"))))
-    call = (peek.call if peek is not None
-            else "EXECUTE bench_lookup(%(tenant_id)s, %(scope)s, %(key)s)")
-    prepared = cursor.mogrify(head + call, store._key(request))
+    params = {**store._key(request), "lock_id": None}
+    call = cursor.mogrify(head + store.SQL["lookup"], params)
+    # The function's query, as text, with the same values.
+    cursor.execute("SELECT pg_get_functiondef('idempotency_lookup(bigint, text, text, bigint)'"
+                   "::regprocedure)")
+    body = cursor.fetchone()[0].split("RETURN QUERY", 1)[1].rsplit(";", 1)[0]
+    for name, value in (("p_tenant_id", "1"), ("p_scope", "'order.create'"),
+                        ("p_key", "'replayed-key'"), ("p_lock_id", "NULL::bigint")):
+        body = body.replace(name, value)
+    text = head + body
 
     def django_select() -> None:
         with django_conn.cursor() as c:
@@ -221,8 +218,8 @@ def statements(n: int = 3000) -> None:
     cases: list[tuple[str, Callable[[], Any]]] = [
         ("SELECT 1 through Django's cursor", django_select),
         ("SELECT 1 through psycopg's cursor", lambda: cursor.execute("SELECT 1")),
-        ("the replay's lookup, planned each time", lambda: cursor.execute(lookup)),
-        ("the replay's lookup, prepared", lambda: cursor.execute(prepared)),
+        ("the replay's lookup, as text", lambda: cursor.execute(text)),
+        ("the replay's lookup, idempotency_lookup()", lambda: cursor.execute(call)),
     ]
     print(f"one statement ({n:,} times each), microseconds: client CPU, server CPU")
     for label, run in cases:
@@ -231,7 +228,7 @@ def statements(n: int = 3000) -> None:
         own, server = time.process_time(), cpu_seconds(backend)
         for _ in range(n):
             run()
-        print(f"  {label:40} {(time.process_time() - own) * 1e6 / n:6.0f}"
+        print(f"  {label:42} {(time.process_time() - own) * 1e6 / n:6.0f}"
               f" {(cpu_seconds(backend) - server) * 1e6 / n:6.0f}")
 
 

@@ -4,7 +4,7 @@
 this package holds the plumbing they have in common and nothing else. It is
 the floor of the layers (pyproject.toml's import contract): it imports none
 of the apps, and each app declares here what it owns (its settings, its
-metrics, its lease) rather than this package knowing it.
+metrics) rather than this package knowing it.
 
 - :mod:`~django_idempotency_outbox.conf`: typed, namespaced settings, read
   live, and the check each app registers for its own dict;
@@ -14,8 +14,6 @@ metrics, its lease) rather than this package knowing it.
   apps' counters and gauges register with, and what serves them;
 - :mod:`~django_idempotency_outbox.tracing`: OpenTelemetry spans and the
   trace context carried in messages;
-- :mod:`~django_idempotency_outbox.leases`: leases kept in a row by the
-  database clock, for jobs that run one instance at a time;
 - :mod:`~django_idempotency_outbox.durations`: the one duration parser and
   the one exponential backoff;
 - :mod:`~django_idempotency_outbox.errors`: the base class of every error the
@@ -26,7 +24,8 @@ metrics, its lease) rather than this package knowing it.
 - :mod:`~django_idempotency_outbox.drf`: DRF's errors as problem details;
 - :mod:`~django_idempotency_outbox.openapi`: the problem answers in
   drf-spectacular's schemas;
-- :mod:`~django_idempotency_outbox.sqlfiles`: migrations that run SQL files;
+- :mod:`~django_idempotency_outbox.sqlfiles`: migrations that run SQL files,
+  and each app's query file (the statements it sends, by name);
 - :mod:`~django_idempotency_outbox.cli`: argument types and the metrics port
   of the management commands.
 

@@ -9,7 +9,7 @@ Two kinds of file, each read by one function here:
   once, under a name, with the reason it is hand-written beside it
   (:func:`queries`). Modules ask for a statement by name; none builds SQL.
 
-A query file is a sequence of blocks::
+A query file is a header (comment lines) and a sequence of blocks::
 
     -- name: lookup
     -- Why this statement is written by hand (one line or several).
@@ -66,12 +66,12 @@ def parse_queries(text: str, origin: str = "<queries>") -> dict[str, str]:
     """The named statements of a query file's ``text`` (see the module's docstring).
 
     Raises:
-        ValueError: text before the first name, a block without a reason or a
+        ValueError: a statement before the first name, a block without a reason or a
             statement, or a name used twice.
     """
     parts = _NAME.split(text)
-    if parts[0].strip():
-        raise ValueError(f"{origin}: text before the first '-- name:' line")
+    if any(line.strip() and not line.startswith("--") for line in parts[0].splitlines()):
+        raise ValueError(f"{origin}: a statement before the first '-- name:' line")
     found: dict[str, str] = {}
     for name, block in zip(parts[1::2], parts[2::2], strict=True):
         lines = block.strip().splitlines()

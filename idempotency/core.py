@@ -5,7 +5,7 @@ replays its answer afterwards. In the default single-transaction mode the
 handler's writes, any outbox events and the stored answer commit together in
 one transaction, so a crash anywhere leaves either everything or nothing.
 
-How one request goes, in a transaction of its own (each line one round trip)::
+How one request goes, each line one round trip::
 
     read      SET LOCAL the tenant; SELECT the key row: one message in
               autocommit, one implicit transaction (store.peek). A live
@@ -13,19 +13,18 @@ How one request goes, in a transaction of its own (each line one round trip)::
               with no BEGIN and no COMMIT.
     claim     BEGIN; SET LOCAL the tenant; SELECT the key row again and, if
               there is no live row, try a transaction-level advisory lock on
-              the key (never blocks); SAVEPOINT (after the lock, which a
-              rollback to the savepoint would otherwise release)
-    handler   runs inside the savepoint (its own statements)
+              the key (never blocks)
+    handler   SAVEPOINT (opened after the lock: a rollback to the savepoint
+              would otherwise release it), then the handler's own statements
     store     RELEASE SAVEPOINT; INSERT the finished row (UPDATE, to take
               over an expired one); COMMIT
 
 A new key costs two round trips more than the handler's own transaction would
 (the read and the claim; the store carries the COMMIT). ``BEGIN``, ``SET
-LOCAL`` and ``SAVEPOINT`` travel with the claim, ``RELEASE SAVEPOINT`` and
-``COMMIT`` with the store (see :class:`_Coalesce`, :class:`_HandlerSavepoint`
-and :func:`idempotency.store.insert_finished`). Inside a caller's transaction
-there is no read in autocommit and nothing is merged: the claim's lookup
-answers a replay there.
+LOCAL``, ``SAVEPOINT`` and ``RELEASE SAVEPOINT`` are held by the database
+backend and travel with the next statement (:mod:`tenancy.backends.postgresql`);
+on another backend each is a round trip of its own. Inside a caller's
+transaction nothing is held: the claim's lookup answers a replay there.
 
 - A live finished row is replayed (same fingerprint) or refused as a mismatch.
 - No live row and the lock is taken by another transaction: that request is
@@ -33,9 +32,10 @@ answers a replay there.
   is repeated until the first request has finished).
 - The handler's answer decides what is stored: 2xx/3xx as ``completed``, a
   final 4xx as ``failed`` (its writes are rolled back to the savepoint, the
-  answer is kept), and a 5xx or a status in ``UNSTORED_STATUS_CODES`` not at
-  all (everything is rolled back; a retry runs again). An exception rolls
-  everything back and propagates.
+  answer is kept, and so is the key's lock, until the answer is committed),
+  and a 5xx or a status in ``UNSTORED_STATUS_CODES`` not at all (everything
+  is rolled back; a retry runs again). An exception rolls everything back and
+  propagates.
 - The unique primary key is the final arbiter: if the store finds a row that
   the lookup did not see, the whole transaction is rolled back and the request
   is answered from that row.
@@ -45,16 +45,13 @@ Every time comparison is made by the database clock (``now()``).
 
 from __future__ import annotations
 
-import _thread
 import enum
-import hashlib
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
-import psycopg
 from django.db import connections, transaction
 
 from django_idempotency_outbox import tracing
@@ -62,10 +59,11 @@ from django_idempotency_outbox.durations import backoff
 from idempotency import store
 from idempotency.conf import MAX_KEY_LENGTH, idempotency_settings
 from idempotency.exceptions import InvalidKey as InvalidKey  # public here too: core.InvalidKey
+from idempotency.store import IdempotentRequest as IdempotentRequest  # public here too
+from idempotency.store import StoredResponse as StoredResponse  # public here too
 from tenancy import tenant_context
 from tenancy.aliases import app_alias
-from tenancy.statements import cursor as kept_cursor
-from tenancy.statements import select_result
+from tenancy.context import holding
 
 T = TypeVar("T")
 
@@ -150,43 +148,6 @@ def key_pattern(max_length: int | None = None) -> str:
     bare = r"[\x21\x23-\x2B\x2D-\x7E]"
     quoted = r'(?:[\x20\x21\x23-\x5B\x5D-\x7E]|\\[\x22\x5C])'
     return f'^(?:{bare}{{1,{n}}}|"{quoted}{{1,{n}}}")$'
-
-
-@dataclass(frozen=True)
-class StoredResponse:
-    """An answer as stored and replayed: status, body bytes, chosen headers."""
-
-    status_code: int
-    body: bytes
-    headers: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass(frozen=True)
-class IdempotentRequest:
-    """What identifies a request and what it claims.
-
-    Attributes:
-        tenant_id: the tenant; also the row-level security context.
-        scope: the operation, e.g. ``"order.create"``; keys are unique per scope.
-        key: the client's idempotency key (already parsed).
-        fingerprint: see :func:`idempotency.fingerprints.fingerprint`.
-        method, path: recorded with the key for people reading it later.
-        ttl: how long the finished answer is replayed.
-    """
-
-    tenant_id: int
-    scope: str
-    key: str
-    fingerprint: str
-    method: str = ""
-    path: str = ""
-    ttl: timedelta | None = None
-
-    @property
-    def lock_id(self) -> int:
-        """A signed 64-bit advisory lock id for this key."""
-        raw = f"{self.tenant_id}\x1f{self.scope}\x1f{self.key}".encode()
-        return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "big", signed=True)
 
 
 class Outcome(enum.Enum):
@@ -290,192 +251,6 @@ def retry_while_in_progress(attempt: Callable[[], R], wait: float | None) -> R:
         time.sleep(min(backoff(tries, 0.01, 0.2), max(0.0, deadline - time.monotonic())))
 
 
-class _Coalesce:
-    """Sends held-back utility statements with the next statement, in one round trip.
-
-    ``SET LOCAL`` (from ``tenant_context``), ``SAVEPOINT`` and ``RELEASE
-    SAVEPOINT`` (from ``transaction.atomic``) need no answer, yet each would
-    cost a round trip of its own. While active, this execute wrapper holds
-    them and prefixes them to the next statement. It is active only around the
-    library's own statements, never while the handler runs, so the handler
-    sees its tenant and savepoint in place before its first query. Where the
-    cursor binds parameters on the server (no multi-statement queries), held
-    statements are simply sent first, one by one.
-
-    The statements are recognised by their text, which is Django's (and
-    ``tenant_context``'s), not a documented API: tests/idempotency/test_upstream.py
-    fails if it changes, or if one of them goes out as a round trip of its own.
-    """
-
-    HELD = ("SET LOCAL ", "SAVEPOINT ", "RELEASE SAVEPOINT ")
-
-    def __init__(self, enabled: bool) -> None:
-        # Only in a transaction of our own: there, the COMMIT ends everything,
-        # so a statement still held at the end (a RELEASE) is not needed.
-        # Nested in a caller's transaction, a held statement that was never
-        # sent (the SET LOCAL restoring the outer tenant) would be lost.
-        self.active = enabled
-        self.held: list[str] = []
-        #: Statements to send *after* the next statement, in its message (only
-        #: on a cursor that binds on the client): the cursor is left on that
-        #: statement's (last) result.
-        self.trailing: list[str] = []
-        #: Hold the next held statement as a trailing one (_HandlerSavepoint.trail).
-        self.trail = False
-
-    def __call__(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        if self.active and params is None and not many and sql.startswith(self.HELD):
-            (self.trailing if self.trail else self.held).append(sql)
-            self.trail = False
-            return None
-        if not self.held and not self.trailing:
-            return execute(sql, params, many, context)
-        held, self.held = self.held, []
-        trailing, self.trailing = self.trailing, []
-        cursor = context["cursor"].cursor
-        if many or not isinstance(cursor, psycopg.ClientCursor):
-            # Never with trailing statements (_HandlerSavepoint.trail asks first).
-            for statement in held:
-                execute(statement, None, False, context)
-            return execute(sql, params, many, context)
-        # Bind first, then join: the joined text changes with every savepoint
-        # name, and psycopg would parse it again for placeholders each time.
-        bound = sql if params is None else cursor.mogrify(sql, params)
-        raw = cursor.connection
-        begin = begin_statement(raw)
-        if begin is None:
-            result = execute("; ".join([*held, bound, *trailing]), None, many, context)
-        else:
-            # psycopg would send its BEGIN as a round trip of its own before
-            # this message; it goes first in the message instead. psycopg
-            # sends a message as it is only in autocommit, so it is in
-            # autocommit for this one execute (allowed: no transaction is
-            # open yet); afterwards it is back to what it would be had it sent
-            # BEGIN itself: not in autocommit, in the transaction. The public
-            # setter refuses that inside a transaction, hence the attribute
-            # (tests/idempotency/test_upstream.py pins it).
-            raw.autocommit = True
-            try:
-                result = execute("; ".join([begin, *held, bound, *trailing]), None, many, context)
-            finally:
-                raw._autocommit = False
-        # The caller reads its own statement's result (the last but the
-        # trailing ones): selected at once, not by a nextset() per statement.
-        select_result(cursor, -1 - len(trailing))
-        return result
-
-
-class _HandlerSavepoint(transaction.Atomic):
-    """The handler's savepoint: Django's ``atomic()``, without its two new cursors.
-
-    Opened *after* the claim's lookup and lock: rolling back to it (a final
-    4xx, ``_Undo``) undoes the handler's writes but keeps the key's advisory
-    lock, taken before it, until the answer is stored and committed, so that a
-    duplicate cannot run the handler in between. (A lock taken inside a
-    savepoint is released by ``ROLLBACK TO SAVEPOINT``.)
-
-    ``atomic()`` sends ``SAVEPOINT`` and ``RELEASE SAVEPOINT`` each through a
-    new cursor, only for :class:`_Coalesce` to hold them back: the cursor cost
-    more than the statement. In a transaction of our own, on a cursor that
-    binds on the client, :meth:`trail` sends ``SAVEPOINT`` on the cursor the
-    library keeps (:func:`tenancy.statements.cursor`:
-    execute wrappers and query logging see it as before), and ``coalesce``
-    holds it to travel at the end of the claim's message; entering the block
-    then keeps Django's books exactly as ``atomic()`` does (the savepoint's
-    id in ``savepoint_ids``, the block in ``atomic_blocks``), and leaving it
-    normally sends ``RELEASE SAVEPOINT`` the same way, held to travel at the
-    head of the store's message. Leaving it by an exception (the handler's,
-    or ``_Undo``) or with the transaction marked for rollback is
-    ``atomic()``'s own exit: ``ROLLBACK TO SAVEPOINT`` (dropping the
-    ``on_commit`` callbacks registered inside), then ``RELEASE``. Without
-    :meth:`trail` (a caller's transaction, a cursor that binds on the server)
-    it is ``atomic()`` unchanged, its ``SAVEPOINT`` sent as the block opens.
-    """
-
-    def __init__(self, using: str, coalesce: _Coalesce) -> None:
-        super().__init__(using, savepoint=True, durable=False)
-        self.alias = using
-        self.coalesce = coalesce
-        self.sid: str | None = None
-
-    def trail(self) -> None:
-        """Send ``SAVEPOINT`` after the next statement, in its message, where that can be.
-
-        Call it just before the claim's lookup. If the block is not entered
-        afterwards (a replay, a key in progress), the savepoint ends with the
-        transaction: only a transaction of our own is ever given one here.
-        """
-        connection = connections[self.alias]
-        if not (
-            self.coalesce.active
-            and connection.in_atomic_block
-            and not connection.needs_rollback
-            and not connection.get_autocommit()
-            and issubclass(connection.connection.cursor_factory, psycopg.ClientCursor)
-        ):
-            return
-        # connection.savepoint(), on the kept cursor: execute wrappers and
-        # query logging see the statement, which coalesce holds as trailing.
-        connection.savepoint_state += 1
-        thread = str(_thread.get_ident()).replace("-", "")
-        self.sid = f"s{thread}_x{connection.savepoint_state}"  # connection.savepoint()'s name
-        self.coalesce.trail = True
-        kept = kept_cursor(self.alias)
-        kept.execute(connection.ops.savepoint_create_sql(self.sid))
-        if self.coalesce.trail:
-            # Not held: an execute wrapper outside coalesce changed its text (a
-            # leading comment), and it went out at once, before the key's lock.
-            # Released again at once; the block opens its savepoint as atomic()
-            # does, after the lock.
-            self.coalesce.trail = False
-            kept.execute(connection.ops.savepoint_commit_sql(self.sid))
-            self.sid = None
-
-    def __enter__(self) -> None:
-        if self.sid is None:
-            super().__enter__()
-            return
-        connection = connections[self.alias]
-        connection.savepoint_ids.append(self.sid)
-        connection.atomic_blocks.append(self)
-
-    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
-        connection = connections[self.alias]
-        if (
-            self.sid is None
-            or exc_type is not None
-            or connection.needs_rollback
-            or connection.closed_in_transaction
-        ):
-            super().__exit__(exc_type, exc_value, traceback)
-            return
-        # connection.savepoint_commit(), on the kept cursor: coalesce holds
-        # it, for the store that follows.
-        connection.atomic_blocks.pop()
-        sid = connection.savepoint_ids.pop()
-        kept_cursor(self.alias).execute(connection.ops.savepoint_commit_sql(sid))
-
-
-def begin_statement(raw: psycopg.Connection[Any]) -> str | None:
-    """The BEGIN psycopg sends before its next statement, or None if it sends none.
-
-    psycopg starts a transaction itself when it is not in autocommit and no
-    transaction is open, with the connection's isolation level, read-only
-    and deferrable modes: the same words as here.
-    """
-    if raw.autocommit or raw.info.transaction_status is not psycopg.pq.TransactionStatus.IDLE:
-        return None
-    parts = ["BEGIN"]
-    if raw.isolation_level is not None:
-        level = psycopg.IsolationLevel(raw.isolation_level)
-        parts += ["ISOLATION LEVEL", level.name.replace("_", " ")]
-    if raw.read_only is not None:
-        parts.append("READ ONLY" if raw.read_only else "READ WRITE")
-    if raw.deferrable is not None:
-        parts.append("DEFERRABLE" if raw.deferrable else "NOT DEFERRABLE")
-    return " ".join(parts)
-
-
 def _attempt(
     request: IdempotentRequest,
     handler: Callable[[], T],
@@ -485,8 +260,9 @@ def _attempt(
 ) -> Result[T]:
     connection = connections[alias]
     verdict = Verdict.UNSTORED
-    # In a transaction of our own, utility statements and the COMMIT can travel
-    # with our statements; inside the caller's transaction, nothing is merged.
+    # In a transaction of our own, what returns nothing (BEGIN, the tenant's
+    # SET LOCAL, the savepoint and its release) travels with our statements
+    # and the COMMIT with the store; in the caller's transaction, nothing does.
     outermost = not connection.in_atomic_block and connection.get_autocommit()
     if outermost:
         # A finished key (a replay or a mismatch) is answered from one read
@@ -494,12 +270,7 @@ def _attempt(
         peeked = store.peek(alias, request)
         if peeked is not None and peeked.live:
             return answer_from_row(request, peeked)
-    coalesce = _Coalesce(enabled=outermost)
-    with connection.execute_wrapper(coalesce), tenant_context(request.tenant_id, using=alias):
-        # BEGIN and the tenant's SET LOCALs travel before the lookup, the
-        # handler's SAVEPOINT after it (the key's lock outside the savepoint).
-        savepoint = _HandlerSavepoint(alias, coalesce)
-        savepoint.trail()
+    with holding(alias, outermost), tenant_context(request.tenant_id, using=alias):
         with tracing.span("idempotency.key_lookup"):
             found = store.lookup(alias, request, lock=True)
         if found.live:
@@ -507,13 +278,15 @@ def _attempt(
         if not found.locked:
             return Result(Outcome.IN_PROGRESS)
         try:
-            with savepoint:
-                coalesce.active = False
-                try:
+            # The handler's savepoint, opened after the key's lock: rolling
+            # back to it (a final 4xx) undoes the handler's writes but keeps
+            # the lock until the answer is stored and committed, so that a
+            # duplicate cannot run the handler in between. (A lock taken
+            # inside a savepoint is released by ROLLBACK TO SAVEPOINT.)
+            with transaction.atomic(using=alias):
+                with holding(alias, False):  # the handler's statements go as they come
                     value = handler()
                     response = to_response(value)
-                finally:
-                    coalesce.active = outermost
                 verdict = classify(response.status_code)
                 if verdict is not Verdict.COMPLETED:
                     raise _Undo

@@ -28,7 +28,6 @@ from datetime import datetime
 
 from django.db import connections
 
-from django_idempotency_outbox.leases import owner_id
 from idempotency import metrics, store
 from idempotency.conf import (
     REAP_BATCH_SIZE,
@@ -38,7 +37,6 @@ from idempotency.conf import (
     idempotency_settings,
 )
 from idempotency.exceptions import ReaperBusy
-from idempotency.store import REAPER_LEASE as REAPER_LEASE  # the lease row's name
 from idempotency.store import GivenUp
 from tenancy.aliases import system_alias
 from tenancy.db import require_cross_tenant, tenants_with_rows
@@ -148,27 +146,24 @@ class _Lease:
     """The reaper's lease: claimed at the start and renewed before every batch."""
 
     def __init__(self, alias: str) -> None:
-        self.alias = alias
-        self.owner = owner_id()
+        self.lease = store.reaper_lease(alias)
         self.held = False
 
     def renew(self) -> None:
-        holder = store.claim_lease(
-            self.alias, REAPER_LEASE, self.owner, REAP_LEASE
-        )
-        if holder is None:
+        if self.lease.claim(REAP_LEASE) is not None:
             self.held = True
             return
-        until = holder.until.isoformat(timespec="seconds") if holder.until else "?"
+        owner, until = self.lease.holder() or ("?", None)
         what = "lost its lease to" if self.held else "not run:"
         self.held = False
         raise ReaperBusy(
-            f"reaper {what} another reaper ({holder.owner}) holds the lease until {until}"
+            f"reaper {what} another reaper ({owner}) holds the lease until "
+            f"{until.isoformat(timespec='seconds') if until else '?'}"
         )
 
     def release(self) -> None:
         if self.held:
-            store.release_lease(self.alias, REAPER_LEASE, self.owner)
+            self.lease.release()
             self.held = False
 
 

@@ -2,16 +2,13 @@
 
 The state machines (:mod:`idempotency.core`, :mod:`idempotency.phases`) and
 the upkeep jobs (:mod:`idempotency.reaper`, :mod:`idempotency.completer`) ask
-this module; none of them writes SQL or reads a row by position. Renaming a
-column means editing the model, a new migration and this file.
-
-Statements on the request path are hand-written, each for a reason named
-beside it (one round trip per request, an advisory lock in the same
-statement, a compare-and-set on the fencing token, the database clock of
-``now()``/``clock_timestamp()``); the upkeep that gains nothing from SQL of
-its own uses the ORM. The columns a request writes are listed once, in
-:data:`_REQUEST` and :data:`_ANSWER`: the statements that store, claim or
-finish a key are built from them.
+this module; none of them writes SQL or reads a row by position. The
+statements are in ``idempotency/queries.sql``, each with the reason it is
+hand-written (one round trip per request, an advisory lock in the same
+statement, a compare-and-set on the fencing token, the database clock); the
+request path's read and store call the PL/pgSQL functions of migration 0008,
+whose plans PostgreSQL keeps per server session. Upkeep that gains nothing
+from SQL of its own uses the ORM.
 
 Functions of the request path run on the caller's connection and inside its
 ``tenant_context``: row-level security confines them to the request's tenant.
@@ -20,29 +17,70 @@ The upkeep functions take the system alias (``using``) and see every tenant.
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import DatabaseError, IntegrityError, connections, transaction
+from django.db import IntegrityError, connections, transaction
 from django.db.models import BooleanField, Count, ExpressionWrapper, Q, Window
 from django.db.models.functions import Coalesce, Now
 
-from django_idempotency_outbox.leases import LeaseRow
+from django_idempotency_outbox.sqlfiles import queries
 from idempotency.models import IdempotencyKey
-from tenancy import statements
 from tenancy.conf import tenancy_settings
-from tenancy.context import search_path_sql, set_tenant_sql
-from tenancy.statements import Statement
+from tenancy.context import holds_statements, prefix, set_tenant_sql
+from tenancy.leases import Lease
+from tenancy.statements import execute
 
-if TYPE_CHECKING:
-    from idempotency.core import IdempotentRequest, StoredResponse
+#: The app's statements, by name (idempotency/queries.sql).
+SQL = queries("idempotency")
 
 PENDING = IdempotencyKey.State.PENDING.value
+
+# --- what a request is, and what it is answered ---------------------------------
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    """An answer as stored and replayed: status, body bytes, chosen headers."""
+
+    status_code: int
+    body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class IdempotentRequest:
+    """What identifies a request and what it claims.
+
+    Attributes:
+        tenant_id: the tenant; also the row-level security context.
+        scope: the operation, e.g. ``"order.create"``; keys are unique per scope.
+        key: the client's idempotency key (already parsed).
+        fingerprint: see :func:`idempotency.fingerprints.fingerprint`.
+        method, path: recorded with the key for people reading it later.
+        ttl: how long the finished answer is replayed.
+    """
+
+    tenant_id: int
+    scope: str
+    key: str
+    fingerprint: str
+    method: str = ""
+    path: str = ""
+    ttl: timedelta | None = None
+
+    @property
+    def lock_id(self) -> int:
+        """A signed 64-bit advisory lock id for this key."""
+        raw = f"{self.tenant_id}\x1f{self.scope}\x1f{self.key}".encode()
+        return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "big", signed=True)
+
+
 
 # --- rows -------------------------------------------------------------------
 # A row type's fields are, in order, the columns its statement selects, under
@@ -125,69 +163,7 @@ class AbandonedKey:
     request_data: dict[str, Any]
 
 
-# --- the columns a request writes ---------------------------------------------
-
-#: Who asked what: written when a key is first stored or claimed.
-_REQUEST = {
-    "request_hash": "%(fingerprint)s",
-    "request_method": "%(method)s",
-    "request_path": "%(path)s",
-}
-
-#: A final answer, by the database clock.
-_ANSWER = {
-    "state": "%(state)s",
-    "status_code": "%(status_code)s",
-    "response": "%(response)s",
-    "response_headers": "%(response_headers)s::jsonb",
-    "completed_at": "clock_timestamp()",
-    "expires_at": "now() + %(ttl)s",
-}
-
-#: No answer yet (phases mode); the TTL runs from the claim.
-_NO_ANSWER = {
-    **dict.fromkeys(_ANSWER, "NULL"),
-    "state": f"'{PENDING}'",
-    "expires_at": _ANSWER["expires_at"],
-}
-
-_FINISHED = {**_REQUEST, **_ANSWER, "created_at": "now()"}
-
-_CLAIMED = {
-    **_REQUEST,
-    **_NO_ANSWER,
-    "recovery_point": "%(recovery_point)s",
-    "phase_state": "'{}'",
-    "request_data": "%(request_data)s::jsonb",
-    "request_id": "gen_random_uuid()",
-    "locked_until": "clock_timestamp() + %(lease)s",
-    "created_at": "now()",
-    "updated_at": "now()",
-}
-
-_PHASES_FINISHED = {
-    **_ANSWER,
-    "recovery_point": "'finished'",
-    "phase_state": "%(phase_state)s::jsonb",
-    "locked_until": "NULL",
-    "updated_at": "now()",
-}
-
-
-#: A pending key given up on: the "abandoned" answer; the recovery point stays,
-#: to show where it stopped.
-_GIVEN_UP = {**_ANSWER, "locked_until": "NULL", "updated_at": "now()"}
-
-
-def _names(values: Mapping[str, str], prefix: str = "") -> str:
-    return ", ".join(prefix + name for name in values)
-
-
-def _exprs(values: Mapping[str, str]) -> str:
-    return ", ".join(values.values())
-
-
-_KEY = "tenant_id = %(tenant_id)s AND scope = %(scope)s AND key = %(key)s"
+# --- parameters -------------------------------------------------------------------
 
 
 def _key(request: IdempotentRequest, **values: Any) -> dict[str, Any]:
@@ -223,28 +199,12 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, cls=DjangoJSONEncoder)
 
 
-# --- the request path ----------------------------------------------------------
+def _lookup(row: Any) -> KeyLookup:
+    live, locked, leased, token, fingerprint, state, status, body, headers = row
+    return KeyLookup(live, locked, leased, token, fingerprint, state, status, body, _json(headers))
 
-# One statement per lookup (a single round trip per request): the row if any,
-# and, only when there is no live row, a try of the key's transaction-level
-# advisory lock in the same statement (it never blocks). The join on one row
-# answers "no row" too.
-_LOOKUP = """
-SELECT {live} AS live,
-       {locked} AS locked,
-       coalesce(k.locked_until > clock_timestamp(), false) AS leased,
-       k.lease_token, k.request_hash AS fingerprint, k.state, k.status_code, k.response,
-       k.response_headers
-  FROM (SELECT 1) AS one
-  LEFT JOIN idempotency_keys AS k
-    ON k.tenant_id = %(tenant_id)s AND k.scope = %(scope)s AND k.key = %(key)s
-"""
-_LIVE = f"(k.expires_at > now() OR k.state = '{PENDING}')"
-_LOOKUP_AND_LOCK = _LOOKUP.format(
-    live=_LIVE,
-    locked=f"CASE WHEN {_LIVE} THEN NULL ELSE pg_try_advisory_xact_lock(%(lock_id)s) END",
-)
-_LOOKUP_ONLY = _LOOKUP.format(live=_LIVE, locked="NULL::boolean")
+
+# --- the request path ----------------------------------------------------------
 
 
 def lookup(using: str, request: IdempotentRequest, *, lock: bool = False) -> KeyLookup:
@@ -254,120 +214,32 @@ def lookup(using: str, request: IdempotentRequest, *, lock: bool = False) -> Key
     transaction (``locked`` says whether the lock was free), in the same
     statement.
     """
-    if lock:
-        statement, params = _CLAIM_STATEMENT, _key(request, lock_id=request.lock_id)
-    else:
-        statement, params = _PEEK_STATEMENT, _key(request)
-    cursor = statements.cursor(using)
-    try:
-        cursor.execute(_sql(cursor, statement), params)
-    except DatabaseError as exc:
-        statements.forget_if_gone(cursor, exc)
-        raise
-    live, locked, leased, token, fingerprint, state, status, body, headers = cursor.fetchone()
-    return KeyLookup(live, locked, leased, token, fingerprint, state, status, body, _json(headers))
+    params = _key(request, lock_id=request.lock_id if lock else None)
+    with execute(using, SQL["lookup"], params) as cursor:
+        return _lookup(cursor.fetchone())
 
 
 def peek(using: str, request: IdempotentRequest) -> KeyLookup | None:
     """The key's row, read in autocommit in one round trip; None if this connection cannot.
 
-    The tenant's ``SET LOCAL``, the pinned search_path's
-    (:func:`tenancy.context.search_path_sql`: the key is read from the
-    library's table, never from a temporary table of the same name) and the
-    lookup go in one message, which PostgreSQL runs as one implicit
-    transaction: row-level security applies (the tenant is set for that
-    transaction only), nothing is locked, and nothing is left set afterwards.
-    A replay needs nothing more: no BEGIN, no COMMIT. Only outside a
-    transaction (in one, the ``SET LOCAL`` would outlive the lookup) and on a
-    cursor that binds on the client (the only kind that sends several
-    statements in one message); otherwise None, and
-    the caller looks the key up in its transaction. None too in the verified
-    tenant context: its token is bound to a transaction's start, which a
-    message cannot know before it runs.
-
-    The first read of a connection that may keep prepared statements (an
-    alias that is not pooled, :func:`tenancy.context.pooled`) prepares the
-    request path's statements in the same message (:data:`_PREPARED`).
+    The tenant's ``SET LOCAL`` and the lookup go in one message (with the
+    pinned names, :func:`tenancy.statements.execute`), which PostgreSQL runs
+    as one implicit transaction: row-level security applies (the tenant is
+    set for that transaction only), nothing is locked, and nothing is left
+    set afterwards. A replay needs nothing more: no BEGIN, no COMMIT. Only
+    outside a transaction (in one, the ``SET LOCAL`` would outlive the
+    lookup); otherwise None, and the caller looks the key up in its
+    transaction. None too in the verified tenant context: its token is bound
+    to a transaction's start, which a message cannot know before it runs.
     """
     connection = connections[using]
     if connection.in_atomic_block or not connection.get_autocommit():
         return None
-    if tenancy_settings.VERIFIED_CONTEXT is not None:
+    if tenancy_settings.VERIFIED_CONTEXT is not None or not holds_statements(using):
         return None
-    cursor = statements.cursor(using)
-    if not isinstance(cursor.cursor, psycopg.ClientCursor):
-        return None
-    pin = search_path_sql(using).replace("%", "%%")
-    while True:  # once more after finding the prepared statements gone
-        prepare = ""
-        if statements.state(cursor, _PEEK_STATEMENT) is None and statements.may_prepare(
-            cursor, using
-        ):
-            # After the pin, so that they are analysed with the library's
-            # tables (PostgreSQL analyses a prepared statement again should the
-            # search_path it runs under ever differ).
-            prepare = "".join(f"{statement.prepare}; " for statement in _PREPARED)
-        lookup = _PEEK_STATEMENT.call if prepare else _sql(cursor, _PEEK_STATEMENT)
-        try:
-            cursor.execute(f"{set_tenant_sql(request.tenant_id)}; {pin}; {prepare}{lookup}",
-                           _key(request))
-        except DatabaseError as exc:
-            if prepare:
-                statements.record(cursor, _PREPARED, prepared=False)  # unknown: text from now on
-            elif statements.forget_if_gone(cursor, exc):
-                continue
-            raise
-        if prepare:
-            statements.record(cursor, _PREPARED, prepared=True)
-        statements.select_result(cursor.cursor, -1)  # past the SET LOCALs and PREPAREs
-        break
-    live, locked, leased, token, fingerprint, state, status, body, headers = cursor.fetchone()
-    return KeyLookup(live, locked, leased, token, fingerprint, state, status, body, _json(headers))
-
-
-# The usual case: no row for this key. A plain INSERT (no ON CONFLICT: it is
-# cheaper); the primary key still refuses a second row.
-_INSERT = f"""
-INSERT INTO idempotency_keys (tenant_id, scope, key, {_names(_FINISHED)})
-VALUES (%(tenant_id)s, %(scope)s, %(key)s, {_exprs(_FINISHED)})
-"""
-
-# Taking over an expired, unreaped row, expired by the database clock. A pending
-# row (phases mode) never expires into "new": its work may be half done.
-_REPLACE_EXPIRED = f"""
-UPDATE idempotency_keys SET ({_names(_FINISHED)}) = ROW({_exprs(_FINISHED)})
- WHERE {_KEY} AND expires_at <= now() AND state <> '{PENDING}'
-"""
-
-
-# --- prepared statements ---------------------------------------------------------
-#
-# Sent as text, each of the three statements above is parsed and planned by the
-# server every time: for the read (its join, the row-level security policy)
-# that is most of its cost, about 90 µs of server CPU against 40 prepared
-# (docs/benchmarks.md). On an alias that is not pooled they are
-# prepared, all three by a connection's first read (peek), in the same
-# message, and sent as EXECUTE from then on (tenancy.statements).
-# Through a pooler nothing is ever prepared: the next borrower of a server
-# session would find names it did not prepare (tests/idempotency/test_prepared.py).
-
-#: The parameters' types, for PREPARE.
-_PARAM_TYPES = {
-    "tenant_id": "bigint", "scope": "text", "key": "text", "lock_id": "bigint",
-    "fingerprint": "text", "method": "text", "path": "text", "state": "text",
-    "status_code": "integer", "response": "bytea", "response_headers": "text",
-    "ttl": "interval",
-}
-
-_PEEK_STATEMENT = Statement.of("idempotency_peek", _LOOKUP_ONLY, _PARAM_TYPES)
-_CLAIM_STATEMENT = Statement.of("idempotency_claim", _LOOKUP_AND_LOCK, _PARAM_TYPES)
-_STORE_STATEMENT = Statement.of("idempotency_store", _INSERT, _PARAM_TYPES)
-_PREPARED = (_PEEK_STATEMENT, _CLAIM_STATEMENT, _STORE_STATEMENT)
-
-
-def _sql(cursor: Any, statement: Statement) -> str:
-    """``statement`` as this cursor's session takes it: EXECUTE once prepared, else its text."""
-    return statement.call if statements.state(cursor, statement) else statement.sql
+    prefix(using, set_tenant_sql(request.tenant_id))
+    with execute(using, SQL["lookup"], _key(request, lock_id=None)) as cursor:
+        return _lookup(cursor.fetchone())
 
 
 def insert_finished(
@@ -381,33 +253,26 @@ def insert_finished(
 ) -> bool:
     """Store a finished request under a key that had no row.
 
-    With ``commit`` (a transaction of the caller's own, on a client-side
-    binding cursor), ``COMMIT`` travels in the same message: psycopg's
-    ``commit()`` is a no-op once the server reports the transaction finished,
-    so Django's own commit that follows (and its ``on_commit`` callbacks)
-    behave as usual. If the INSERT fails, the COMMIT after it is not run.
+    With ``commit`` (a transaction of the caller's own), ``COMMIT`` travels
+    in the same message: psycopg's ``commit()`` sends nothing once the
+    server reports the transaction finished, so Django's own commit that
+    follows (and its ``on_commit`` callbacks) behave as usual. If the store
+    fails, the COMMIT after it is not run.
 
     Returns:
         False when another transaction stored this key first (the primary
         key refused ours); the caller's transaction must then roll back.
     """
-    cursor = statements.cursor(using)
-    merge = commit and isinstance(cursor.cursor, psycopg.ClientCursor)
-    sql = _sql(cursor, _STORE_STATEMENT)
+    sql = f"{SQL['store']}; COMMIT" if commit else SQL["store"]
     try:
-        cursor.execute(
-            f"{sql}; COMMIT" if merge else sql,
-            _request(request, **_answer(response, state, ttl)),
-        )
+        with execute(using, sql, _request(request, **_answer(response, state, ttl))):
+            pass
     except IntegrityError as exc:
         # Only the primary key means a lost race. Anything else (a deferred
         # constraint of the handler's, checked at the merged COMMIT) is the
         # handler's error.
         if _is_key_conflict(exc):
             return False
-        raise
-    except DatabaseError as exc:
-        statements.forget_if_gone(cursor, exc)
         raise
     return True
 
@@ -428,60 +293,12 @@ def replace_expired(
     ttl: timedelta,
 ) -> bool:
     """Store a finished request over an expired finished row; False if it is gone."""
-    with connections[using].cursor() as cursor:
-        cursor.execute(_REPLACE_EXPIRED, _request(request, **_answer(response, state, ttl)))
+    params = _request(request, **_answer(response, state, ttl))
+    with execute(using, SQL["replace_expired"], params) as cursor:
         return int(cursor.rowcount) == 1
 
 
 # --- phases mode -----------------------------------------------------------------
-
-_CLAIM_RETURNING = (
-    "RETURNING lease_token AS token, recovery_point, phase_state, request_id::text AS request_id"
-)
-
-# A new key, or an expired finished one taken over, in one statement (ON
-# CONFLICT): the claim must not lose a race to a duplicate.
-_CLAIM = f"""
-INSERT INTO idempotency_keys AS k (tenant_id, scope, key, lease_token, {_names(_CLAIMED)})
-VALUES (%(tenant_id)s, %(scope)s, %(key)s, 1, {_exprs(_CLAIMED)})
-ON CONFLICT (tenant_id, scope, key) DO UPDATE
-   SET lease_token = k.lease_token + 1,
-       ({_names(_CLAIMED)}) = ROW({_names(_CLAIMED, "excluded.")})
- WHERE k.state <> '{PENDING}' AND k.expires_at <= now()
-{_CLAIM_RETURNING}
-"""
-
-# Compare-and-set on the fencing token, against the lease by clock_timestamp().
-_TAKE_OVER = f"""
-UPDATE idempotency_keys
-   SET lease_token = lease_token + 1, locked_until = clock_timestamp() + %(lease)s,
-       updated_at = now()
- WHERE {_KEY} AND state = '{PENDING}' AND lease_token = %(token)s
-   AND (locked_until IS NULL OR locked_until <= clock_timestamp())
-{_CLAIM_RETURNING}
-"""
-
-# Compare-and-set on the fencing token; the lease is renewed by clock_timestamp().
-_ADVANCE = f"""
-UPDATE idempotency_keys
-   SET recovery_point = %(recovery_point)s, phase_state = %(phase_state)s::jsonb,
-       locked_until = clock_timestamp() + %(lease)s, updated_at = now()
- WHERE {_KEY} AND state = '{PENDING}' AND lease_token = %(token)s
-"""
-
-# Compare-and-set on the fencing token.
-_FINISH = f"""
-UPDATE idempotency_keys SET ({_names(_PHASES_FINISHED)}) = ROW({_exprs(_PHASES_FINISHED)})
- WHERE {_KEY} AND state = '{PENDING}' AND lease_token = %(token)s
-"""
-
-# Compare-and-set on the fencing token, in the DELETE itself: QuerySet.delete()
-# would select first and delete by primary key where delete signals have receivers.
-_FORGET = f"""
-DELETE FROM idempotency_keys
- WHERE {_KEY} AND state = '{PENDING}' AND lease_token = %(token)s
-   AND recovery_point = %(recovery_point)s
-"""
 
 
 def _fetch_claim(cursor: Any) -> Claim | None:
@@ -511,15 +328,13 @@ def claim(
         request, recovery_point=recovery_point, request_data=_dumps(request_data),
         lease=lease, ttl=ttl,
     )
-    with connections[using].cursor() as cursor:
-        cursor.execute(_CLAIM, params)
+    with execute(using, SQL["claim"], params) as cursor:
         return _fetch_claim(cursor)
 
 
 def take_over(using: str, request: IdempotentRequest, token: int, lease: timedelta) -> Claim | None:
     """Take a pending key whose lease ran out from the owner with ``token``; None if lost."""
-    with connections[using].cursor() as cursor:
-        cursor.execute(_TAKE_OVER, _key(request, token=token, lease=lease))
+    with execute(using, SQL["take_over"], _key(request, token=token, lease=lease)) as cursor:
         return _fetch_claim(cursor)
 
 
@@ -537,8 +352,7 @@ def advance(
         request, token=token, recovery_point=recovery_point, phase_state=_dumps(phase_state),
         lease=lease,
     )
-    with connections[using].cursor() as cursor:
-        cursor.execute(_ADVANCE, params)
+    with execute(using, SQL["advance"], params) as cursor:
         return int(cursor.rowcount) == 1
 
 
@@ -556,67 +370,28 @@ def finish(
     params = _key(
         request, token=token, phase_state=_dumps(phase_state), **_answer(response, state, ttl)
     )
-    with connections[using].cursor() as cursor:
-        cursor.execute(_FINISH, params)
+    with execute(using, SQL["finish"], params) as cursor:
         return int(cursor.rowcount) == 1
 
 
 def release(using: str, request: IdempotentRequest, token: int) -> None:
     """End the lease of the owner with ``token`` at once; a no-op if it was taken over."""
-    _owned(using, request, token).update(locked_until=None, updated_at=Now())
+    with execute(using, SQL["release"], _key(request, token=token)):
+        pass
 
 
 def forget(using: str, request: IdempotentRequest, token: int, recovery_point: str) -> None:
     """Delete a pending key still at ``recovery_point`` and owned by ``token``."""
-    with connections[using].cursor() as cursor:
-        cursor.execute(_FORGET, _key(request, token=token, recovery_point=recovery_point))
-
-
-def _owned(using: str, request: IdempotentRequest, token: int) -> Any:
-    return IdempotencyKey.objects.using(using).filter(
-        tenant_id=request.tenant_id, scope=request.scope, key=request.key,
-        state=PENDING, lease_token=token,
-    )
+    with execute(using, SQL["forget"], _key(request, token=token, recovery_point=recovery_point)):
+        pass
 
 
 # --- upkeep, across tenants (the system alias) -------------------------------------
 
-_UNATTENDED = f"state = '{PENDING}' AND (locked_until IS NULL OR locked_until <= clock_timestamp())"
-
-# One more failed completer run of a pending key; the count comes back in the
-# same round trip.
-_COUNT_COMPLETER_FAILURE = f"""
-UPDATE idempotency_keys SET completer_runs = completer_runs + 1
- WHERE {_KEY} AND state = '{PENDING}'
-RETURNING completer_runs
-"""
-
-# Giving up on one pending key nobody holds (a run holding a lease decides itself).
-_GIVE_UP = f"""
-UPDATE idempotency_keys SET ({_names(_GIVEN_UP)}) = ROW({_exprs(_GIVEN_UP)})
- WHERE {_KEY} AND {_UNATTENDED}
-RETURNING recovery_point
-"""
-
-# The reaper's batch: pending keys nobody has touched for a long time, chosen and
-# locked in the UPDATE itself (SKIP LOCKED: a request that holds one is working
-# on it), oldest first, by the database clock.
-_GIVE_UP_UNTOUCHED = f"""
-UPDATE idempotency_keys SET ({_names(_GIVEN_UP)}) = ROW({_exprs(_GIVEN_UP)})
- WHERE ctid = ANY(ARRAY(
-       SELECT ctid FROM idempotency_keys
-        WHERE {_UNATTENDED} AND coalesce(updated_at, created_at) < now() - %(after)s
-        ORDER BY created_at
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED))
-RETURNING tenant_id, scope, key, recovery_point
-"""
-
 
 def count_completer_failure(using: str, request: IdempotentRequest) -> int | None:
     """Count a failed completer run of a pending key; its count so far (None: not pending)."""
-    with connections[using].cursor() as cursor:
-        cursor.execute(_COUNT_COMPLETER_FAILURE, _key(request))
+    with execute(using, SQL["count_completer_failure"], _key(request)) as cursor:
         row = cursor.fetchone()
     return None if row is None else int(row[0])
 
@@ -630,8 +405,7 @@ def give_up(using: str, request: IdempotentRequest, response: StoredResponse,
         or a run holds its lease.
     """
     params = _key(request, **_answer(response, IdempotencyKey.State.FAILED.value, ttl))
-    with connections[using].cursor() as cursor:
-        cursor.execute(_GIVE_UP, params)
+    with execute(using, SQL["give_up"], params) as cursor:
         row = cursor.fetchone()
     return None if row is None else str(row[0])
 
@@ -644,9 +418,8 @@ def give_up_untouched(using: str, after: timedelta, limit: int, response: Stored
     """
     params = {"after": after, "limit": limit,
               **_answer(response, IdempotencyKey.State.FAILED.value, ttl)}
-    with transaction.atomic(using=using), connections[using].cursor() as cursor:
-        cursor.execute(_GIVE_UP_UNTOUCHED, params)
-        return [GivenUp(*row) for row in cursor.fetchall()]
+    with transaction.atomic(using=using), execute(using, SQL["give_up_untouched"], params) as c:
+        return [GivenUp(*row) for row in c.fetchall()]
 
 
 def count_untouched(using: str, after: timedelta) -> int:
@@ -658,7 +431,6 @@ def count_untouched(using: str, after: timedelta) -> int:
         .filter(touched__lt=Now() - after)
         .count()
     )
-
 
 
 def unattended() -> Q:
@@ -675,63 +447,18 @@ def _expired(tenant_id: int) -> Q:
     return Q(tenant_id=tenant_id, expires_at__lte=Now()) & ~Q(state=PENDING)
 
 
-#: The reaper's lease row in ``idempotency_leases`` (idempotency/sql/0006_leases.sql).
-REAPER_LEASE = "reaper"
-
-#: A lease of the library's single-instance jobs, a row of ``idempotency_leases``
-#: (django_idempotency_outbox.leases): claimed and renewed by the same
-#: compare-and-set, each in a transaction of its own (autocommit).
-LEASES = LeaseRow("idempotency_leases", "name = %(name)s", owner="owner", until="until")
-
-
-@dataclass(frozen=True)
-class LeaseHolder:
-    """Who holds a lease, and until when (the database clock)."""
-
-    owner: str
-    until: datetime | None
-
-
-def claim_lease(using: str, name: str, owner: str, seconds: float) -> LeaseHolder | None:
-    """Take or renew the lease ``name`` for ``seconds``; None when taken, else who holds it."""
-    with connections[using].cursor() as cursor:
-        cursor.execute(LEASES.claim, {"owner": owner, "seconds": seconds, "name": name})
-        if cursor.fetchone() is not None:
-            return None
-        cursor.execute(LEASES.holder, {"name": name})
-        row = cursor.fetchone()
-    if row is None:
-        raise RuntimeError(f"lease row {name!r} is missing from idempotency_leases: migrate")
-    return LeaseHolder(row[0], row[1])
-
-
-def release_lease(using: str, name: str, owner: str) -> None:
-    """Give up ``owner``'s lease ``name`` (nothing if it is another's)."""
-    with connections[using].cursor() as cursor:
-        cursor.execute(LEASES.release, {"name": name, "owner": owner})
-
-
-# The rows to delete are chosen and locked in the DELETE itself, skipping rows a
-# live request holds (SKIP LOCKED), oldest first, by the database clock.
-_DELETE_BATCH = f"""
-DELETE FROM idempotency_keys
- WHERE ctid = ANY(ARRAY(
-       SELECT ctid FROM idempotency_keys
-        WHERE tenant_id = %s AND expires_at <= now() AND state <> '{PENDING}'
-        ORDER BY expires_at
-        LIMIT %s
-        FOR UPDATE SKIP LOCKED))
-"""
+def reaper_lease(using: str) -> Lease:
+    """The key reaper's lease, a row of ``idempotency_leases`` (migration 0006)."""
+    return Lease("idempotency", "reaper", using)
 
 
 def delete_expired_batch(using: str, tenant_id: int, size: int) -> int:
     """Delete up to ``size`` expired finished keys of a tenant, in a transaction of its own."""
-    with transaction.atomic(using=using), connections[using].cursor() as cursor:
-        # A batch lost in a crash is simply deleted again by the next run,
-        # so its commit need not wait for the WAL flush (nor make others wait).
-        cursor.execute("SET LOCAL synchronous_commit = off")
-        cursor.execute(_DELETE_BATCH, [tenant_id, size])
-        return int(cursor.rowcount)
+    params = {"tenant_id": tenant_id, "limit": size}
+    with transaction.atomic(using=using):
+        prefix(using, SQL["commit_without_flush"])
+        with execute(using, SQL["delete_expired_batch"], params) as cursor:
+            return int(cursor.rowcount)
 
 
 def count_expired(using: str, tenant_id: int) -> int:

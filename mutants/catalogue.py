@@ -158,10 +158,10 @@ CATALOGUE: list[Mutant] = [
     mutant(
         "store.expires-by-app-clock", "idempotency.store",
         "every time comparison uses the database clock: expires_at is now() + TTL",
-        "idempotency/store.py",
-        '_FINISHED = {**_REQUEST, **_ANSWER, "created_at": "now()"}',
-        '_FINISHED = {**_REQUEST, **_ANSWER, "expires_at": "%(app_now)s::timestamptz + %(ttl)s",'
-        ' "created_at": "now()"}',
+        "idempotency/queries.sql",
+        "                         %(response_headers)s::jsonb, %(ttl)s)",
+        "                         %(response_headers)s::jsonb,"
+        " %(ttl)s + (%(app_now)s::timestamptz - now()))",
         (I_CLAIMS, IDEM + "test_contract.py", IDEM + "test_core.py"),
         more=(Edit("idempotency/store.py",
                    '        "ttl": ttl,\n    }',
@@ -171,38 +171,43 @@ CATALOGUE: list[Mutant] = [
     mutant(
         "store.expired-still-live", "idempotency.store",
         "a key past expires_at (not yet reaped) is treated as new",
-        "idempotency/store.py",
-        "_LIVE = f\"(k.expires_at > now() OR k.state = '{PENDING}')\"",
-        "_LIVE = f\"(k.expires_at > now() - interval '1 hour' OR k.state = '{PENDING}')\"",
+        "idempotency/sql/0008_request_functions.sql",
+        "      FROM (SELECT k.expires_at > now() OR k.state = 'pending' AS live,",
+        "      FROM (SELECT k.expires_at > now() - interval '1 hour' OR k.state = 'pending' AS live,",
         (IDEM + "test_contract.py",),
     ),
     mutant(
         "store.finish-without-fence", "idempotency.store",
         "phases: a fencing token stops a stale owner from finishing over a newer one",
-        "idempotency/store.py",
-        "UPDATE idempotency_keys SET ({_names(_PHASES_FINISHED)}) = ROW({_exprs(_PHASES_FINISHED)})\n"
-        " WHERE {_KEY} AND state = '{PENDING}' AND lease_token = %(token)s",
-        "UPDATE idempotency_keys SET ({_names(_PHASES_FINISHED)}) = ROW({_exprs(_PHASES_FINISHED)})\n"
-        " WHERE {_KEY} AND state = '{PENDING}' AND (lease_token = %(token)s OR TRUE)",
+        "idempotency/queries.sql",
+        "       phase_state = %(phase_state)s::jsonb, locked_until = NULL, updated_at = now()\n"
+        " WHERE tenant_id = %(tenant_id)s AND scope = %(scope)s AND key = %(key)s\n"
+        "   AND state = 'pending' AND lease_token = %(token)s",
+        "       phase_state = %(phase_state)s::jsonb, locked_until = NULL, updated_at = now()\n"
+        " WHERE tenant_id = %(tenant_id)s AND scope = %(scope)s AND key = %(key)s\n"
+        "   AND state = 'pending' AND (lease_token = %(token)s OR TRUE)",
         (I_CLAIMS + "::test_a_stale_owner_cannot_finish_over_the_new_owner",
          IDEM + "test_phases.py", IDEM + "test_store.py"),
     ),
     mutant(
         "store.advance-without-fence", "idempotency.store",
         "phases: each phase commits with a compare-and-set on the fencing token",
-        "idempotency/store.py",
+        "idempotency/queries.sql",
         "       locked_until = clock_timestamp() + %(lease)s, updated_at = now()\n"
-        " WHERE {_KEY} AND state = '{PENDING}' AND lease_token = %(token)s",
+        " WHERE tenant_id = %(tenant_id)s AND scope = %(scope)s AND key = %(key)s\n"
+        "   AND state = 'pending' AND lease_token = %(token)s",
         "       locked_until = clock_timestamp() + %(lease)s, updated_at = now()\n"
-        " WHERE {_KEY} AND state = '{PENDING}' AND (lease_token = %(token)s OR TRUE)",
+        " WHERE tenant_id = %(tenant_id)s AND scope = %(scope)s AND key = %(key)s\n"
+        "   AND state = 'pending' AND (lease_token = %(token)s OR TRUE)",
         (I_CLAIMS, IDEM + "test_phases.py", IDEM + "test_store.py"),
     ),
     mutant(
         "store.take-over-live-lease", "idempotency.store",
         "phases: a retry takes a pending key over only once its lease has run out",
-        "idempotency/store.py",
-        "   AND (locked_until IS NULL OR locked_until <= clock_timestamp())\n{_CLAIM_RETURNING}",
-        "   AND TRUE\n{_CLAIM_RETURNING}",
+        "idempotency/queries.sql",
+        "   AND (locked_until IS NULL OR locked_until <= clock_timestamp())\n"
+        "RETURNING lease_token AS token, recovery_point",
+        "   AND TRUE\nRETURNING lease_token AS token, recovery_point",
         (I_CLAIMS, IDEM + "test_phases.py", IDEM + "test_store.py"),
     ),
     # --- idempotency: one request through the contract (flow.py, mixins.py) ----------------
@@ -318,20 +323,21 @@ CATALOGUE: list[Mutant] = [
     mutant(
         "consumer.lock-blocks", "outbox.consumers",
         "workers share partitions without a leader: a held partition is skipped",
-        "outbox/store.py",
-        "   FOR UPDATE SKIP LOCKED\n",
-        "   FOR UPDATE\n",
+        "outbox/queries.sql",
+        " WHERE name = %(name)s AND partition = %(partition)s\n   FOR UPDATE SKIP LOCKED\n\n-- name: lock_offset_watching_client",
+        " WHERE name = %(name)s AND partition = %(partition)s\n   FOR UPDATE\n\n-- name: lock_offset_watching_client",
         (OUTBOX + "test_consumers.py", OUTBOX + "test_failover.py"),
+        more=(Edit("outbox/queries.sql", " WHERE name = %(name)s AND partition = %(partition)s\n   FOR UPDATE SKIP LOCKED\n\n-- name: advance_offset",
+                   " WHERE name = %(name)s AND partition = %(partition)s\n   FOR UPDATE\n\n-- name: advance_offset"),),
     ),
     mutant(
-        "store.lease-unpinned", "outbox.store",
-        "a search_path a worker-role borrower leaves in a pooled session stops no relay",
-        "outbox/store.py",
-        "        execute_pinned(cursor, using, RELAY_LEASE.claim, lease)\n"
-        "        row = cursor.fetchone()\n        if row is None:",
-        "        cursor.execute(RELAY_LEASE.claim, lease)\n"
-        "        row = cursor.fetchone()\n        if row is None:",
-        ("tests/test_session_state.py",),
+        "statements.unpinned", "tenancy.statements",
+        "a search_path or temporary table a borrower leaves in a pooled session stops no relay,"
+        " consumer, reaper or replay: every statement outside a tenant context pins its names",
+        "tenancy/statements.py",
+        "        prefix(alias, search_path_sql(alias))",
+        "        pass",
+        ("tests/test_session_state.py", TENANCY + "test_pinned_names.py"),
     ),
     # --- outbox: the fence per tenant (SQL; the harness migrates the scratch copy) -----------
     mutant(
@@ -482,19 +488,23 @@ CATALOGUE: list[Mutant] = [
     mutant(
         "relay.advance-without-cas", "outbox.relay",
         "a relay that lost its lease cannot move the offset (compare-and-set)",
-        "outbox/store.py",
-        " WHERE name = %s AND partition = 0 AND last_id = %s AND held = %s::jsonb AND lease_owner = %s",
-        " WHERE name = %s AND partition = 0 AND (last_id = %s OR TRUE) AND (held = %s::jsonb OR TRUE)"
-        " AND (lease_owner = %s OR TRUE)",
+        "outbox/queries.sql",
+        " WHERE name = %(name)s AND partition = 0 AND last_id = %(expected_last_id)s\n"
+        "   AND held = %(expected_held)s::jsonb AND lease_owner = %(owner)s",
+        " WHERE name = %(name)s AND partition = 0 AND (last_id = %(expected_last_id)s OR TRUE)\n"
+        "   AND (held = %(expected_held)s::jsonb OR TRUE) AND (lease_owner = %(owner)s OR TRUE)",
         (OUTBOX + "test_rewind.py", OUTBOX + "test_failover.py", OUTBOX + "test_relay.py"),
     ),
     mutant(
-        "leases.running-lease-ignored", "django_idempotency_outbox.leases",
+        "leases.running-lease-ignored", "tenancy.leases",
         "one relay (and one key reaper) works at a time: a running lease keeps the others waiting",
-        "django_idempotency_outbox/leases.py",
-        'f"   AND ({owner} = %(owner)s OR {until} IS NULL OR {until} < now())\\n"',
-        'f"   AND ({owner} = %(owner)s OR TRUE)\\n"',
+        "outbox/queries.sql",
+        "   AND (lease_owner = %(owner)s OR lease_until IS NULL OR lease_until < now())",
+        "   AND (lease_owner = %(owner)s OR TRUE)",
         (OUTBOX + "test_failover.py", OUTBOX + "test_relay.py", IDEM + "test_reaper.py"),
+        more=(Edit("idempotency/queries.sql",
+                   " WHERE name = %(name)s AND (owner = %(owner)s OR until IS NULL OR until < now())",
+                   " WHERE name = %(name)s AND (owner = %(owner)s OR TRUE)"),),
     ),
     mutant(
         "relay.heartbeat-too-slow", "outbox.relay",
@@ -533,12 +543,12 @@ CATALOGUE: list[Mutant] = [
         "receivers.check-then-insert", "outbox.receivers",
         "concurrent duplicates of one message: one receiver runs, the other skips",
         "outbox/store.py",
-        "        cursor.execute(_RECORD_RECEIVED, [tenant_id, receiver, message_id])\n"
+        '    with execute(using, SQL["record_received"], params) as cursor:\n'
         "        return int(cursor.rowcount) == 1",
-        "        cursor.execute('SELECT 1 FROM outbox_received WHERE tenant_id = %s AND '\n"
-        "                       'receiver = %s AND message_id = %s', [tenant_id, receiver, message_id])\n"
+        '    with execute(using, "SELECT 1 FROM outbox_received WHERE tenant_id = %(tenant_id)s'
+        ' AND receiver = %(receiver)s AND message_id = %(message_id)s", params) as cursor:\n'
         "        seen = cursor.fetchone() is not None\n"
-        "        cursor.execute(_RECORD_RECEIVED, [tenant_id, receiver, message_id])\n"
+        '    with execute(using, SQL["record_received"], params) as cursor:\n'
         "        return not seen",
         (O_CLAIMS, OUTBOX + "test_receivers.py"),
     ),
@@ -693,7 +703,7 @@ CATALOGUE: list[Mutant] = [
         "context.names-unpinned", "tenancy.context",
         "the tenant context pins its names: a temporary table of an earlier borrower captures nothing",
         "tenancy/context.py",
-        '    pin = [search_path_sql(connection.alias)] if fresh else []',
+        '    pin = [search_path_sql(alias)] if fresh else []',
         '    pin = []',
         (TENANCY + "test_pinned_names.py",),
     ),
@@ -709,25 +719,9 @@ CATALOGUE: list[Mutant] = [
         "context.pin-from-session", "tenancy.context",
         "the pinned search_path is derived from what the session started with, not what it was set to",
         "tenancy/context.py",
-        '    b"SET LOCAL search_path TO DEFAULT; "\n',
-        '    b""\n',
+        '    "SET LOCAL search_path TO DEFAULT; "\n',
+        '    ""\n',
         (TENANCY + "test_pinned_names.py",),
-    ),
-    mutant(
-        "store.peek-unpinned", "idempotency.store",
-        "the replay's one-message read pins its names: a temporary idempotency_keys answers nothing",
-        "idempotency/store.py",
-        '            cursor.execute(f"{set_tenant_sql(request.tenant_id)}; {pin}; {prepare}{lookup}",',
-        '            cursor.execute(f"{set_tenant_sql(request.tenant_id)}; SELECT 1; {prepare}{lookup}",',
-        (TENANCY + "test_pinned_names.py",),
-    ),
-    mutant(
-        "store.offset-lock-unpinned", "outbox.store",
-        "a consumer's batch pins its names: it locks and advances its own offset row, never a temporary one",
-        "outbox/store.py",
-        "        execute_pinned(cursor, using, _LOCK_OFFSET.format(watch=watch),\n",
-        "        cursor.execute(_LOCK_OFFSET.format(watch=watch),\n",
-        (TENANCY + "test_pinned_names.py::test_a_consumer_batch_locks_and_advances_its_own_offset_row",),
     ),
     # --- SQL: the policies, FORCE (tests/tenancy/test_isolation.py, test_roles.py) --------------
     mutant(
@@ -795,18 +789,18 @@ CATALOGUE: list[Mutant] = [
         "received.duplicate-runs", "outbox.store",
         "a receiver handles each message once, however often it arrives",
         "outbox/store.py",
-        "        cursor.execute(_RECORD_RECEIVED, [tenant_id, receiver, message_id])\n"
+        '    with execute(using, SQL["record_received"], params) as cursor:\n'
         "        return int(cursor.rowcount) == 1",
-        "        cursor.execute(_RECORD_RECEIVED, [tenant_id, receiver, message_id])\n"
+        '    with execute(using, SQL["record_received"], params) as cursor:\n'
         "        return True",
         (OUTBOX + "test_relay.py::test_receiver_handles_a_message_once_however_often_it_arrives",),
     ),
     mutant(
         "received.forgotten-at-once", "outbox.store",
         "receiver records are kept for RECEIVED_RETENTION before reap_outbox forgets them",
-        "outbox/store.py",
-        "         WHERE tenant_id = %s AND received_at < now() - make_interval(secs => %s)\n",
-        "         WHERE tenant_id = %s AND received_at < now() + make_interval(secs => %s)\n",
+        "outbox/queries.sql",
+        "           AND received_at < now() - make_interval(secs => %(older_than)s)",
+        "           AND received_at < now() + make_interval(secs => %(older_than)s)",
         (OUTBOX + "test_retention.py::test_old_receiver_records_are_forgotten_in_bounded_batches",),
     ),
     # --- the demo as deployed (example_project, scripts/demo) -----------------------------------
@@ -834,16 +828,16 @@ CATALOGUE: list[Mutant] = [
     mutant(
         "store.key-lock-for-the-session", "idempotency.store",
         "the key's in-flight lock is transaction-level: a session holds no lock after a request",
-        "idempotency/store.py",
-        "ELSE pg_try_advisory_xact_lock(%(lock_id)s) END",
-        "ELSE pg_try_advisory_lock(%(lock_id)s) END",
+        "idempotency/sql/0008_request_functions.sql",
+        "ELSE pg_try_advisory_xact_lock(p_lock_id) END",
+        "ELSE pg_try_advisory_lock(p_lock_id) END",
         ("tests/test_session_state.py::test_direct_connections_come_back_from_the_librarys_flows_holding_nothing",
          "tests/test_session_state.py::test_pooled_sessions_come_back_from_the_librarys_flows_holding_nothing"),
     ),
     mutant(
         "store.batch-setting-for-the-session", "outbox.store",
         "a consumer batch's settings are transaction-local: a session holds none after a batch",
-        "outbox/store.py",
+        "outbox/queries.sql",
         "       set_config('client_connection_check_interval', '1000', true)",
         "       set_config('client_connection_check_interval', '1000', false)",
         ("tests/test_session_state.py::test_direct_connections_come_back_from_the_librarys_flows_holding_nothing",
@@ -1076,30 +1070,6 @@ CATALOGUE: list[Mutant] = [
     ),
     # --- the hot paths' statements (issue 22: prepared where not pooled; the relay's shortcuts)
     mutant(
-        "statements.pooled-alias-prepares", "tenancy.statements",
-        "a pooled alias never sees a prepared statement, and nothing is left in its sessions",
-        "tenancy/statements.py",
-        "    return isinstance(cursor.cursor, psycopg.ClientCursor) and not pooled(alias)",
-        "    return isinstance(cursor.cursor, psycopg.ClientCursor)",
-        (IDEM + "test_prepared.py", OUTBOX + "test_prepared_insert.py"),
-    ),
-    mutant(
-        "context.pooler-unnoticed", "tenancy.context",
-        "a pooler in front of an alias is noticed even when its settings do not say so",
-        "tenancy/context.py",
-        "        _behind_pooler[key] = server_pid is not None and server_pid != login_pid",
-        "        _behind_pooler[key] = False",
-        (IDEM + "test_prepared.py", OUTBOX + "test_prepared_insert.py"),
-    ),
-    mutant(
-        "statements.deallocated-not-forgotten", "tenancy.statements",
-        "statements someone deallocated are prepared again by the next message",
-        "tenancy/statements.py",
-        "    if isinstance(cause, psycopg.errors.InvalidSqlStatementName):\n",
-        "    if False:\n",
-        (IDEM + "test_prepared.py", OUTBOX + "test_prepared_insert.py"),
-    ),
-    mutant(
         "transports.template-unchecked", "outbox.transports",
         "a message template is used only if its holes are where Celery's steps put them",
         "outbox/transports.py",
@@ -1182,45 +1152,43 @@ CATALOGUE: list[Mutant] = [
     mutant(
         "store.take-over-without-cas", "idempotency.store",
         "two completers never both run a key: the take-over is a compare-and-set on its token",
-        "idempotency/store.py",
-        " WHERE {_KEY} AND state = '{PENDING}' AND lease_token = %(token)s\n"
-        "   AND (locked_until IS NULL OR locked_until <= clock_timestamp())\n{_CLAIM_RETURNING}",
-        " WHERE {_KEY} AND state = '{PENDING}' AND lease_token >= 0 AND %(token)s >= 0\n"
-        "{_CLAIM_RETURNING}",
+        "idempotency/queries.sql",
+        "   AND state = 'pending' AND lease_token = %(token)s\n"
+        "   AND (locked_until IS NULL OR locked_until <= clock_timestamp())\n"
+        "RETURNING lease_token AS token, recovery_point",
+        "   AND state = 'pending' AND lease_token >= 0 AND %(token)s >= 0\n"
+        "RETURNING lease_token AS token, recovery_point",
         (IDEM + "test_completer.py::test_two_completers_that_found_the_same_key_run_it_once",),
     ),
     mutant(
-        "leases.claim-unconditional", "django_idempotency_outbox.leases",
+        "leases.claim-unconditional", "tenancy.leases",
         "one key reaper at a time: a second, even racing the first for the lease, refuses",
-        "django_idempotency_outbox/leases.py",
-        '            f"   AND ({owner} = %(owner)s OR {until} IS NULL OR {until} < now())\\n"',
-        '            f"   AND ({owner} = %(owner)s OR {until} IS NULL OR {until} < now() OR true)\\n"',
+        "idempotency/queries.sql",
+        " WHERE name = %(name)s AND (owner = %(owner)s OR until IS NULL OR until < now())",
+        " WHERE name = %(name)s AND (owner = %(owner)s OR until IS NULL OR until < now() OR true)",
         (IDEM + "test_reaper.py::test_a_reaper_started_while_another_is_mid_run_refuses_naming_it",
          IDEM + "test_reaper.py::test_two_sessions_claiming_the_lease_at_once_take_turns_and_the"
          "_second_finds_it_held"),
     ),
     mutant(
-        "leases.by-app-clock", "django_idempotency_outbox.leases",
+        "leases.by-app-clock", "tenancy.leases",
         "leases (the key reaper's, the relay's) are set by the database clock, whatever the "
         "app's clock says",
-        "django_idempotency_outbox/leases.py",
-        '        expiry = "now() + make_interval(secs => %(seconds)s)"',
-        '        expiry = "%(app_now)s::timestamptz + make_interval(secs => %(seconds)s)"',
+        "idempotency/queries.sql",
+        "   SET owner = %(owner)s, until = now() + make_interval(secs => %(seconds)s)",
+        "   SET owner = %(owner)s, until = %(app_now)s::timestamptz"
+        " + make_interval(secs => %(seconds)s)",
         (I_CLAIMS + "::test_every_lease_and_horizon_of_the_keys_is_the_database_clocks",
          O_CLAIMS + "::test_every_lease_pause_and_retention_of_the_outbox_is_the_database_clocks"),
         more=(
-            Edit("idempotency/store.py",
-                 '        cursor.execute(LEASES.claim, {"owner": owner, "seconds": seconds, "name": name})',
-                 '        cursor.execute(LEASES.claim, {"owner": owner, "seconds": seconds, "name": name,'
-                 ' "app_now": __import__("django.utils.timezone").utils.timezone.now()})'),
-            Edit("outbox/store.py",
-                 '    lease = {"name": name, "owner": owner, "seconds": seconds}',
-                 '    lease = {"name": name, "owner": owner, "seconds": seconds,'
+            Edit("outbox/queries.sql",
+                 "   SET lease_owner = %(owner)s, lease_until = now() + make_interval(secs => %(seconds)s)",
+                 "   SET lease_owner = %(owner)s, lease_until = %(app_now)s::timestamptz"
+                 " + make_interval(secs => %(seconds)s)"),
+            Edit("tenancy/leases.py",
+                 '{"name": self.name, "owner": self.owner, **params}',
+                 '{"name": self.name, "owner": self.owner, **params,'
                  ' "app_now": __import__("django.utils.timezone").utils.timezone.now()}'),
-            Edit("outbox/store.py",
-                 '                       {"name": name, "owner": owner, "seconds": seconds})',
-                 '                       {"name": name, "owner": owner, "seconds": seconds,'
-                 ' "app_now": __import__("django.utils.timezone").utils.timezone.now()})'),
         ),
     ),
     mutant(
@@ -1277,49 +1245,51 @@ CATALOGUE: list[Mutant] = [
     mutant(
         "consumer.partition-unlocked", "outbox.store",
         "a partition is taken by one consumer at a time; another takes it only once it is free",
-        "outbox/store.py",
-        " WHERE name = %s AND partition = %s\n   FOR UPDATE SKIP LOCKED\n",
-        " WHERE name = %s AND partition = %s\n",
+        "outbox/queries.sql",
+        " WHERE name = %(name)s AND partition = %(partition)s\n   FOR UPDATE SKIP LOCKED\n\n-- name: lock_offset_watching_client",
+        " WHERE name = %(name)s AND partition = %(partition)s\n\n-- name: lock_offset_watching_client",
         (OUTBOX + "test_failover.py::test_a_consumer_killed_mid_batch_is_replaced_by_a_running_one"
          "_within_seconds",),
+        more=(Edit("outbox/queries.sql", " WHERE name = %(name)s AND partition = %(partition)s\n   FOR UPDATE SKIP LOCKED\n\n-- name: advance_offset",
+                   " WHERE name = %(name)s AND partition = %(partition)s\n\n-- name: advance_offset"),),
     ),
     mutant(
         "consumer.retry-by-app-clock", "outbox.store",
         "a consumer's retry pause is counted by the database clock",
-        "outbox/store.py",
-        "       attempts = %s, retry_at = now() + make_interval(secs => %s)",
-        "       attempts = %s, retry_at = %s::timestamptz + make_interval(secs => %s)",
+        "outbox/queries.sql",
+        "       attempts = %(attempts)s, retry_at = now() + make_interval(secs => %(retry_in)s)",
+        "       attempts = %(attempts)s,"
+        " retry_at = %(app_now)s::timestamptz + make_interval(secs => %(retry_in)s)",
         (O_CLAIMS + "::test_every_lease_pause_and_retention_of_the_outbox_is_the_database_clocks",),
         more=(Edit("outbox/store.py",
-                   "            position.last, position.json(), attempts, retry_in, name, partition,",
-                   "            position.last, position.json(), attempts,"
-                   ' __import__("django.utils.timezone").utils.timezone.now(), retry_in, name,'
-                   " partition,"),),
+                   '        "retry_in": retry_in, "name": name, "partition": partition,',
+                   '        "retry_in": retry_in, "name": name, "partition": partition,'
+                   ' "app_now": __import__("django.utils.timezone").utils.timezone.now(),'),),
     ),
     mutant(
         "retention.by-app-clock", "outbox.store",
         "RETENTION is counted by the database clock",
-        "outbox/store.py",
-        "           AND created_at < now() - make_interval(secs => %s)",
-        "           AND created_at < %s::timestamptz - make_interval(secs => %s)",
+        "outbox/queries.sql",
+        "         WHERE id <= %(upto)s AND created_at < now() - make_interval(secs => %(older_than)s)",
+        "         WHERE id <= %(upto)s"
+        " AND created_at < %(app_now)s::timestamptz - make_interval(secs => %(older_than)s)",
         (O_CLAIMS + "::test_every_lease_pause_and_retention_of_the_outbox_is_the_database_clocks",),
         more=(Edit("outbox/store.py",
-                   "        cursor.execute(_DELETE_PASSED, [upto, older_than, limit])",
-                   "        cursor.execute(_DELETE_PASSED, [upto,"
-                   ' __import__("django.utils.timezone").utils.timezone.now(), older_than,'
-                   " limit])"),),
+                   '    params = {"upto": upto, "older_than": older_than, "limit": limit}',
+                   '    params = {"upto": upto, "older_than": older_than, "limit": limit,'
+                   ' "app_now": __import__("django.utils.timezone").utils.timezone.now()}'),),
     ),
     mutant(
         "retention.counts-what-it-selected", "outbox.store",
         "two outbox reapers at once: each row is deleted once, and counted once",
         "outbox/store.py",
-        "        cursor.execute(_DELETE_PASSED, [upto, older_than, limit])\n"
+        '    with execute(using, SQL["delete_passed_messages"], params) as cursor:\n'
         "        return int(cursor.rowcount)",
-        '        cursor.execute("SELECT count(*) FROM (SELECT 1 FROM outbox_messages WHERE id <= %s'
-        " AND created_at < now() - make_interval(secs => %s) LIMIT %s) AS c\","
-        " [upto, older_than, limit])\n"
+        '    with execute(using, "SELECT count(*) FROM (SELECT 1 FROM outbox_messages'
+        " WHERE id <= %(upto)s AND created_at < now() - make_interval(secs => %(older_than)s)"
+        ' LIMIT %(limit)s) AS c", params) as cursor:\n'
         "        found = int(cursor.fetchone()[0])\n"
-        "        cursor.execute(_DELETE_PASSED, [upto, older_than, limit])\n"
+        '    with execute(using, SQL["delete_passed_messages"], params):\n'
         "        return found",
         (OUTBOX + "test_retention.py::test_two_reapers_at_once_delete_each_row_once",),
     ),
@@ -1537,11 +1507,14 @@ CATALOGUE: list[Mutant] = [
         "-- The previous release's readers, refused: they would pass the held tenants'",
         ("tests/test_rolling_deploy.py",),
         more=(Edit(
-            "outbox/store.py",
-            "       (tenant_id, message_id, topic, key, aggregate_type, aggregate_id, payload, headers)\n"
-            "VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s::jsonb)",
-            "       (tenant_id, message_id, topic, key, aggregate_type, aggregate_id, payload, headers,"
-            " producer)\nVALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, 'v2')",
+            "outbox/sql/0009_publish_function.sql",
+            "           (tenant_id, message_id, topic, key, aggregate_type, aggregate_id, payload, headers)\n"
+            "    VALUES (p_tenant_id, p_message_id, p_topic, p_key, p_aggregate_type, p_aggregate_id,\n"
+            "            p_payload, p_headers);",
+            "           (tenant_id, message_id, topic, key, aggregate_type, aggregate_id, payload, headers,"
+            " producer)\n"
+            "    VALUES (p_tenant_id, p_message_id, p_topic, p_key, p_aggregate_type, p_aggregate_id,\n"
+            "            p_payload, p_headers, 'v2');",
         ),),
     ),
     mutant(
@@ -1555,43 +1528,53 @@ CATALOGUE: list[Mutant] = [
         ".execute(\"SELECT 1\")\n",
         (O_CLAIMS + "::test_no_transaction_is_open_on_the_relays_session_while_it_sends",),
     ),
+    # --- tenancy: the backend's held statements ---------------------------------------------
+    mutant(
+        "backend.begin-lost-on-parse-error", "tenancy.backends.postgresql",
+        "a message PostgreSQL cannot parse leaves the transaction open as Django believes it is",
+        "tenancy/backends/postgresql/base.py",
+        "            if begins and idle:\n                super().execute(text)",
+        "            if False:\n                super().execute(text)",
+        (TENANCY + "test_backend.py",),
+    ),
+    mutant(
+        "backend.copy-before-held", "tenancy.backends.postgresql",
+        "a COPY sends what is held (the transaction's BEGIN) before it",
+        "tenancy/backends/postgresql/base.py",
+        "    def copy(self, *args: Any, **kwargs: Any) -> Any:\n"
+        "        self._send_held(_held.get(self.connection))\n",
+        "    def copy(self, *args: Any, **kwargs: Any) -> Any:\n",
+        (TENANCY + "test_backend.py",),
+    ),
+    mutant(
+        "backend.unused-savepoint-sent", "tenancy.backends.postgresql",
+        "a savepoint nothing was sent in costs no round trip",
+        "tenancy/backends/postgresql/base.py",
+        "        if sid in self.held.unsent:  # nothing was sent inside it\n"
+        "            self.held.drop_savepoint(sid)\n            return\n        if self.held.on:",
+        "        if self.held.on:",
+        (TENANCY + "test_backend.py", IDEM + "test_upstream.py"),
+    ),
     mutant(
         "core.savepoint-before-lock", "idempotency.core",
         "a final 4xx keeps the key's lock until its answer is stored (the handler's savepoint"
         " opens after the lock)",
         "idempotency/core.py",
-        "            (self.trailing if self.trail else self.held).append(sql)",
-        "            self.held.append(sql)",
+        '        with tracing.span("idempotency.key_lookup"):\n'
+        "            found = store.lookup(alias, request, lock=True)",
+        "        sid = transaction.savepoint(using=alias)\n"
+        '        with tracing.span("idempotency.key_lookup"):\n'
+        "            found = store.lookup(alias, request, lock=True)",
         (IDEM + "test_handler_savepoint.py",),
-    ),
-    mutant(
-        "statements.cursor-keeps-its-connection", "tenancy.statements",
-        "a connection Django closed is not kept in memory by the library's kept cursor",
-        "tenancy/statements.py",
-        "    kept = _cursors.get(connection)\n",
-        "    kept = _cursors.get(connection.connection)\n",
-        (IDEM + "test_prepared.py::test_a_closed_connection_is_not_kept_alive_by_the_kept_cursor",),
-        more=(Edit("tenancy/statements.py",
-                   "            kept = _cursors[connection] = connection.create_cursor()",
-                   "            kept = _cursors[connection.connection] = connection.create_cursor()"),),
-    ),
-    mutant(
-        "statements.result-type-change-fatal", "tenancy.statements",
-        "a migration that changes a prepared statement's result type does not break open "
-        "connections (their statements go as text)",
-        "tenancy/statements.py",
-        "    if isinstance(cause, psycopg.errors.FeatureNotSupported) and _sessions.get(session):",
-        "    if False:",
-        (IDEM + "test_prepared.py::test_a_column_whose_type_a_migration_changed_is_read_as_text"
-         "_from_then_on",),
-    ),
-    mutant(
-        "core.savepoint-text-unchecked", "idempotency.core",
-        "the key's lock stays outside the handler's savepoint when a wrapper changes its text",
-        "idempotency/core.py",
-        "        if self.coalesce.trail:\n            # Not held",
-        "        if False:\n            # Not held",
-        (IDEM + "test_handler_savepoint.py::test_a_wrapper_that_changes_the_savepoints_text_still"
-         "_leaves_the_lock_outside_it",),
+        more=(
+            Edit("idempotency/core.py",
+                 "            with transaction.atomic(using=alias):\n"
+                 "                with holding(alias, False):",
+                 '            with __import__("contextlib").nullcontext():\n'
+                 "                with holding(alias, False):"),
+            Edit("idempotency/core.py",
+                 "        except _Undo:\n            pass",
+                 "        except _Undo:\n            transaction.savepoint_rollback(sid, using=alias)"),
+        ),
     ),
 ]

@@ -62,7 +62,6 @@ from django.db import close_old_connections, connections
 
 from django_idempotency_outbox import tracing
 from django_idempotency_outbox.durations import backoff
-from django_idempotency_outbox.leases import owner_id
 from outbox import metrics, signing, store
 from outbox.conf import outbox_settings
 from outbox.consumers import require_cross_tenant_reader
@@ -72,6 +71,7 @@ from outbox.publishing import wake_up
 from outbox.stream import Batch, Envelope, Message, Position
 from outbox.transports import Transport, get_transport
 from tenancy.aliases import system_alias, worker_alias
+from tenancy.leases import owner_id
 
 logger = logging.getLogger("outbox")
 
@@ -127,9 +127,7 @@ class _Heartbeat:
         try:
             while not self._done.wait(self._lease / 4):
                 try:
-                    renewed = store.renew_lease(
-                        relay.lease_alias, relay.offset_name, relay.owner, self._lease
-                    )
+                    renewed = relay.lease.renew(self._lease)
                 except DATABASE_ERRORS as exc:
                     first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                     logger.warning("outbox: relay %s could not renew its lease (%s)",
@@ -262,9 +260,10 @@ class Relay:
         self.name = name or DEFAULT_NAME
         self.offset_name = f"relay:{self.name}"
         self.batch_size = batch_size or BATCH_SIZE
-        self.owner = owner_id()
         self.alias = system_alias()  # reads the stream across tenants
         self.lease_alias = worker_alias()  # the offset row: lease, heartbeat, advance
+        self.lease = store.relay_lease(self.lease_alias, self.offset_name, owner_id())
+        self.owner = self.lease.owner
         self.stop = threading.Event()
         self.sent = 0
         self._broker_failures = 0
@@ -282,10 +281,12 @@ class Relay:
         self._stop_heartbeat()
         self._position = None
         lease = outbox_settings.RELAY_LEASE
-        position = store.claim_lease(self.lease_alias, self.offset_name, self.owner, lease)
-        if position is None:
+        row = self.lease.claim(lease)
+        if row is None and store.create_offsets(self.lease_alias, self.offset_name, 1):
+            row = self.lease.claim(lease)  # the row was missing: it starts at the outbox's start
+        if row is None:
             return None
-        self._position = position
+        self._position = Position.of_row(*row)
         self._heartbeat = _Heartbeat(self, lease)
         return self._position
 
@@ -408,7 +409,7 @@ class Relay:
         self._stop_heartbeat()
         self._position = None
         try:
-            store.release_lease(self.lease_alias, self.offset_name, self.owner)
+            self.lease.release()
         except DATABASE_ERRORS:
             pass  # the lease runs out by itself
 

@@ -126,6 +126,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                     id="tenancy.E005",
                 )
             )
+        elif alias in settings.DATABASES:
+            errors.extend(_check_statement_layer(alias))
     if tenancy_settings.TENANT_RESOLVER is not None:
         from tenancy.resolver import get_resolver
 
@@ -134,6 +136,32 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         except Exception as exc:
             errors.append(checks.Error(str(exc), id="tenancy.E006"))
     return errors
+
+
+def _check_statement_layer(alias: str) -> list[checks.CheckMessage]:
+    """How the library sends its statements on ``alias`` (tenancy.statements): bound on the
+    client, several to a message, by the library's backend."""
+    found: list[checks.CheckMessage] = []
+    config = settings.DATABASES[alias]
+    if config.get("OPTIONS", {}).get("server_side_binding"):
+        found.append(checks.Error(
+            f'DATABASES[{alias!r}]["OPTIONS"]["server_side_binding"] is set: the library sends '
+            "a statement that returns nothing (the tenant's SET LOCAL, a savepoint) in one "
+            "message with the next, which a cursor that binds on the server cannot.",
+            hint="Leave server_side_binding out (Django's default): the library's hot statements "
+                 "are planned once per server session by its functions (docs/scaling.md).",
+            id="tenancy.E040",
+        ))
+    if config.get("ENGINE") != "tenancy.backends.postgresql":
+        found.append(checks.Warning(
+            f"DATABASES[{alias!r}] uses ENGINE {config.get('ENGINE')!r}: the library's "
+            "statements work there, but BEGIN, the tenant's SET LOCAL and each savepoint cost a "
+            "round trip of their own (a new idempotency key four more).",
+            hint='Use "tenancy.backends.postgresql", as tenancy.databases() writes it '
+                 "(docs/installation.md).",
+            id="tenancy.W041",
+        ))
+    return found
 
 
 def _check_distinct_roles() -> list[checks.CheckMessage]:

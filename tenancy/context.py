@@ -7,15 +7,15 @@ import hmac
 import threading
 import weakref
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from decimal import Decimal
 from typing import Any
 
-import psycopg
 from django.db import connections, transaction
 
 from django_idempotency_outbox.errors import ConfigurationError
 from tenancy.aliases import tenant_alias
+from tenancy.backends.postgresql.base import DatabaseWrapper
 from tenancy.conf import ContextKey, tenancy_settings
 
 #: The PostgreSQL setting that the row-level security policies compare with.
@@ -78,10 +78,6 @@ def set_tenant_sql(tenant_id: int | None) -> str:
 _schemas: dict[tuple[str, ...], tuple[str, ...]] = {}
 _pins: dict[tuple[str, ...], str] = {}
 
-#: Per alias and what it connects to: whether the same probe found a pooler
-#: between the alias and the server (see :func:`pooled`).
-_behind_pooler: dict[tuple[str, ...], bool] = {}
-
 
 def _target(connection: Any) -> tuple[str, ...]:
     """An alias and what it connects to: another host, port, database or role is probed anew."""
@@ -93,13 +89,12 @@ def _target(connection: Any) -> tuple[str, ...]:
 #: been SET to since (a session-level SET left by an earlier borrower of a
 #: pooled server session): ``TO DEFAULT`` is the value the session started
 #: with (the server's, the database's or the role's default, the startup
-#: packet's), for this message's implicit transaction only. Every name is
-#: pg_catalog's, qualified, so that the session's own search_path cannot
-#: redirect this query either.
+#: packet's), for this transaction only. Every name is pg_catalog's,
+#: qualified, so that the session's own search_path cannot redirect this
+#: query either.
 _DEFAULT_SCHEMAS = (
-    b"SET LOCAL search_path TO DEFAULT; "
-    b"SELECT s, pg_catalog.pg_backend_pid()"
-    b" FROM pg_catalog.unnest(pg_catalog.current_schemas(false)) AS s"
+    "SET LOCAL search_path TO DEFAULT; "
+    "SELECT s FROM pg_catalog.unnest(pg_catalog.current_schemas(false)) AS s"
 )
 
 
@@ -154,12 +149,7 @@ def pinned_schemas(using: str) -> tuple[str, ...]:
     key = _target(connection)
     schemas = _schemas.get(key)
     if schemas is None:
-        found, server_pid = _default_schemas(connection)
-        # The same probe tells whether a pooler stands between this alias and
-        # the server (see pooled()).
-        login_pid = connection.connection.info.backend_pid
-        _behind_pooler[key] = server_pid is not None and server_pid != login_pid
-        schemas = tuple(s for s in found
+        schemas = tuple(s for s in _default_schemas(connection)
                         if s != "pg_catalog" and not s.startswith(("pg_temp_", "pg_toast_temp_")))
         if not schemas:
             raise ConfigurationError(
@@ -170,61 +160,22 @@ def pinned_schemas(using: str) -> tuple[str, ...]:
     return schemas
 
 
-def execute_pinned(cursor: Any, using: str, sql: str, params: Any = None) -> None:
-    """Run ``sql`` on a Django cursor of ``using`` after :func:`search_path_sql`.
+def _default_schemas(connection: Any) -> list[str]:
+    """The schemas sessions of ``connection`` start with, in order.
 
-    For a transaction's first statement outside :func:`tenant_context` (a
-    consumer batch's lock of its offset row). One message on a cursor that
-    binds on the client (Django's default), and the cursor is left on
-    ``sql``'s result; two where the server binds (no multi-statement query).
+    In autocommit the probe is a transaction of its own; inside one, a
+    savepoint's, rolled back: its ``SET LOCAL`` must not outlive it.
     """
-    pin = search_path_sql(using)
-    if isinstance(cursor.cursor, psycopg.ClientCursor):
-        escaped = pin if params is None else pin.replace("%", "%%")
-        cursor.execute(f"{escaped}; {sql}", params)
-        cursor.nextset()
-    else:
-        cursor.execute(pin)
-        cursor.execute(sql, params)
-
-
-def _default_schemas(connection: Any) -> tuple[list[str], int | None]:
-    """The schemas sessions of ``connection`` start with, and the server process's id."""
     connection.ensure_connection()
-    raw = connection.connection
-    with connection.wrap_database_errors, raw.lock:
-        result = raw.pgconn.exec_(_DEFAULT_SCHEMAS)
-        if result.status != psycopg.pq.ExecStatus.TUPLES_OK:
-            raise psycopg.errors.error_from_result(result, encoding=raw.info.encoding)
-    values = (result.get_value(row, 0) for row in range(result.ntuples))
-    pid = result.get_value(0, 1) if result.ntuples else None
-    schemas = [value.decode(raw.info.encoding) for value in values if value is not None]
-    return schemas, None if pid is None else int(pid)
-
-
-
-def pooled(using: str) -> bool:
-    """Whether ``using`` is a pooled alias, whose server sessions the library must leave clean.
-
-    The library keeps nothing in a session (docs/scaling.md), with one
-    exception where it is safe: on an alias that is *not* pooled, the key's
-    statements are prepared once per connection (:mod:`idempotency.store`).
-    An alias is pooled when
-
-    - its settings say so: ``DISABLE_SERVER_SIDE_CURSORS`` is True (what
-      :func:`tenancy.databases` writes for ``pooled=...``, and what Django
-      requires of an alias behind a transaction pooler); or
-    - its connection shows it: the process id the connection was given at
-      login (libpq's ``backend_pid``) is not its server process's
-      (``pg_backend_pid()``). pgbouncer, like other poolers, answers the
-      login itself, with an id of its own. Asked once per alias and process,
-      with the probe of :func:`search_path_sql` (no round trip of its own).
-    """
-    connection = connections[using]
-    if connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"):
-        return True
-    search_path_sql(using)
-    return _behind_pooler.get(_target(connection), True)
+    savepoint = transaction.savepoint(using=connection.alias)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(_DEFAULT_SCHEMAS)
+            cursor.nextset()
+            return [row[0] for row in cursor.fetchall()]
+    finally:
+        if savepoint is not None:
+            transaction.savepoint_rollback(savepoint, using=connection.alias)
 
 
 def pin_search_path(sender: Any = None, connection: Any = None, **kwargs: Any) -> None:
@@ -276,28 +227,10 @@ def _binding(pid: Any, epoch: Any) -> str:
 def read_binding(connection: Any) -> str:
     """The current transaction's binding: what tenancy_context_binding() returns inside it.
 
-    At the start of a transaction (Django's ``atomic()`` has turned autocommit
-    off, and psycopg has not sent its ``BEGIN`` yet), psycopg's ``BEGIN`` and
-    this query go out as one simple-protocol message, so the verified mode
-    costs no round trip more than the plain one. psycopg reads the
-    transaction's state from libpq, so it sends no second ``BEGIN``; the
-    message goes to libpq directly, so Django's execute wrappers do not see it
-    (tests/tenancy/test_verified.py pins this on the wire).
+    The first statement of its transaction: on the library's backend, the
+    transaction's ``BEGIN`` travels with it (:func:`tenant_context` holds it),
+    so the verified mode costs no round trip more than the plain one.
     """
-    connection.ensure_connection()
-    raw = connection.connection
-    if (
-        not connection.get_autocommit()
-        and raw.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-    ):
-        begin = raw._get_tx_start_command()  # what psycopg would send, isolation level included
-        with connection.wrap_database_errors, raw.lock:
-            result = raw.pgconn.exec_(begin + b"; " + _BINDING.encode())
-            if result.status != psycopg.pq.ExecStatus.TUPLES_OK:
-                raise psycopg.errors.error_from_result(result, encoding=raw.info.encoding)
-        pid, epoch = result.get_value(0, 0), result.get_value(0, 1)
-        assert pid is not None and epoch is not None  # never NULL
-        return _binding(pid.decode(), epoch.decode())
     with connection.cursor() as cursor:
         cursor.execute(_BINDING)
         row = cursor.fetchone()
@@ -307,16 +240,13 @@ def read_binding(connection: Any) -> str:
 
 def _set(connection: Any, tenant_id: int | None, *, fresh: bool = False) -> None:
     # The first context of a transaction pins its names too (search_path_sql),
-    # in the same message: contexts inside it find the path pinned already.
-    pin = [search_path_sql(connection.alias)] if fresh else []
+    # in the same statement: contexts inside it find the path pinned already.
+    # Held where the backend holds (hold()): they travel with the next statement.
+    alias = connection.alias
+    pin = [search_path_sql(alias)] if fresh else []
     key = tenancy_settings.VERIFIED_CONTEXT
     if key is None:
-        # On the cursor the library keeps per connection: a new one costs
-        # more than this statement (tenancy.statements,
-        # which imports this module, hence the import here).
-        from tenancy.statements import cursor as kept_cursor
-
-        _send(kept_cursor(connection.alias), [set_tenant_sql(tenant_id), *pin])
+        hold(alias, set_tenant_sql(tenant_id), *pin)
         return
     value = "" if tenant_id is None else str(validate_tenant_id(tenant_id))
     # The verified mode: the token, bound to this transaction, is what the
@@ -325,22 +255,64 @@ def _set(connection: Any, tenant_id: int | None, *, fresh: bool = False) -> None
     if fresh or connection not in _bindings:
         _bindings[connection] = read_binding(connection)
     token = "" if tenant_id is None else mint_token(key, tenant_id, _bindings[connection])
-    with connection.cursor() as cursor:
-        _send(cursor, [f"SET LOCAL {GUC} = '{value}'", f"SET LOCAL {TOKEN_GUC} = '{token}'", *pin])
+    hold(alias, f"SET LOCAL {GUC} = '{value}'", f"SET LOCAL {TOKEN_GUC} = '{token}'", *pin)
 
 
-def _send(cursor: Any, statements: list[str]) -> None:
-    """Send ``statements`` (no parameters) in one message, where the cursor can.
+def _backend(alias: str) -> DatabaseWrapper | None:
+    """The alias's connection if it uses the library's backend, which holds statements."""
+    connection = connections[alias]
+    return connection if isinstance(connection, DatabaseWrapper) else None
 
-    A cursor that binds on the server (``OPTIONS["server_side_binding"]``)
-    sends one statement per message: psycopg may prepare what it sends
-    (``prepare_threshold``), and a prepared statement holds one statement.
+
+def hold(alias: str, *statements: str) -> None:
+    """Send ``statements``, which return nothing, now (in one message) or, while holding,
+    with the next statement.
+
+    See :mod:`tenancy.backends.postgresql`; on an alias of another backend they
+    are sent at once.
     """
-    if isinstance(cursor.cursor, psycopg.ClientCursor):
-        cursor.execute("; ".join(statements))
+    backend = _backend(alias)
+    if backend is not None:
+        backend.hold(*statements)
         return
-    for statement in statements:
-        cursor.execute(statement)
+    with connections[alias].cursor() as cursor:
+        cursor.execute("; ".join(statements))
+
+
+def prefix(alias: str, sql: str) -> None:
+    """Send ``sql``, which returns nothing, with the next statement, in its transaction.
+
+    On another backend than the library's it is sent at once inside a
+    transaction, and not at all in autocommit (where it would end at once).
+    """
+    backend = _backend(alias)
+    if backend is not None:
+        backend.prefix(sql)
+        return
+    connection = connections[alias]
+    if connection.in_atomic_block or not connection.get_autocommit():
+        with connection.cursor() as cursor:
+            cursor.execute(sql)
+
+
+def holds_statements(alias: str) -> bool:
+    """Whether ``alias`` uses the backend that holds statements (tenancy.backends.postgresql)."""
+    return _backend(alias) is not None
+
+
+def is_holding(alias: str) -> bool:
+    """Whether ``alias`` holds what returns nothing now (:func:`holding`)."""
+    backend = _backend(alias)
+    return backend is not None and backend.held.on
+
+
+def holding(alias: str, on: bool = True) -> AbstractContextManager[None]:
+    """While the block runs, hold (or, not ``on``, send at once) what returns nothing.
+
+    See :mod:`tenancy.backends.postgresql`; nothing on an alias of another backend.
+    """
+    backend = _backend(alias)
+    return nullcontext() if backend is None else backend.holding(on)
 
 
 @contextmanager
@@ -373,7 +345,12 @@ def tenant_context(tenant_id: int, *, using: str | None = None) -> Iterator[int]
     alias = tenant_alias(using)
     connection = connections[alias]
     outermost = not connection.in_atomic_block
-    with transaction.atomic(using=alias):
+    # The verified mode's first statement reads the transaction's binding:
+    # BEGIN, held, travels with it, and the token's SET LOCALs with the
+    # caller's first statement. The block holds what its caller holds.
+    caller_holds = is_holding(alias)
+    opening = outermost and tenancy_settings.VERIFIED_CONTEXT is not None
+    with holding(alias, caller_holds or opening), transaction.atomic(using=alias):
         stack = _stack(connection)
         if outermost:
             stack.clear()  # left over from a transaction that ended under us
@@ -385,7 +362,8 @@ def tenant_context(tenant_id: int, *, using: str | None = None) -> Iterator[int]
             _set(connection, tenant_id, fresh=not stack)
         stack.append(tenant_id)
         try:
-            yield tenant_id
+            with holding(alias, caller_holds):
+                yield tenant_id
         except BaseException:
             # Our atomic block rolls back; the setting reverts with it.
             stack.pop()

@@ -57,13 +57,8 @@ class SessionState:
     temporary_objects: tuple[str, ...]
     session_settings: tuple[str, ...]  # name=value, source 'session'
 
-    def leftovers(self, before: SessionState, *, pooled: bool = False,
-                  prepared: frozenset[str] = frozenset()) -> dict[str, list[str]]:
-        """What this state holds that ``before`` did not, by kind (empty: nothing).
-
-        ``prepared``: names of prepared statements that may be left (the
-        library's own, on a direct connection).
-        """
+    def leftovers(self, before: SessionState, *, pooled: bool = False) -> dict[str, list[str]]:
+        """What this state holds that ``before`` did not, by kind (empty: nothing)."""
         found: dict[str, list[str]] = {}
         for field in fields(self):
             if field.name == "pid":
@@ -71,8 +66,6 @@ class SessionState:
             extra = sorted(set(getattr(self, field.name)) - set(getattr(before, field.name)))
             if field.name == "session_settings" and pooled:
                 extra = [s for s in extra if s.split("=", 1)[0] not in POOLER_PARAMETERS]
-            if field.name == "prepared_statements":
-                extra = [s for s in extra if s not in prepared]
             if extra:
                 found[field.name] = extra
         return found
@@ -97,8 +90,7 @@ def django_state(alias: str) -> SessionState:
 
 @contextlib.contextmanager
 def no_session_state_left(readers: dict[str, Callable[[], SessionState]], *,
-                          pooled: bool = False, prepared: frozenset[str] = frozenset(),
-                          ) -> Iterator[dict[str, SessionState]]:
+                          pooled: bool = False) -> Iterator[dict[str, SessionState]]:
     """Fail if a session read by ``readers`` holds more after the block than before it.
 
     ``readers`` maps a name (an alias) to a function that reads the state of
@@ -106,8 +98,7 @@ def no_session_state_left(readers: dict[str, Callable[[], SessionState]], *,
     before and after (or nothing would have been checked): the pid is
     compared. Behind a pooler with one server session per pool, whichever
     client reads it reads the same session; the parameters pgbouncer sets on
-    it for its clients are left out, and so are the prepared statements
-    named in ``prepared``.
+    it for its clients are left out.
     """
     before = {name: read() for name, read in readers.items()}
     yield before
@@ -117,15 +108,7 @@ def no_session_state_left(readers: dict[str, Callable[[], SessionState]], *,
         assert after.pid == before[name].pid, (
             f"{name}: the session changed ({before[name].pid} -> {after.pid}): nothing checked"
         )
-        left = after.leftovers(before[name], pooled=pooled, prepared=prepared)
+        left = after.leftovers(before[name], pooled=pooled)
         if left:
             problems[name] = left
     assert not problems, f"the library's flows left session state behind: {problems}"
-
-
-def librarys_prepared_statements() -> frozenset[str]:
-    """The names of the statements the library prepares on a connection that is not pooled."""
-    from idempotency import store as keys
-    from outbox import store as messages
-
-    return frozenset({s.name for s in keys._PREPARED} | {messages._INSERT_STATEMENT.name})

@@ -55,8 +55,10 @@ POOLED_ALIASES = _pooled_aliases()
 
 def _database(alias: str, role_env: str, default_role: str) -> dict[str, Any]:
     role = os.environ.get(role_env, default_role)
-    db = {
-        "ENGINE": "django.db.backends.postgresql",
+    db: dict[str, Any] = {
+        # The roles' aliases use the library's backend, as tenancy.databases() writes them.
+        "ENGINE": ("django.db.backends.postgresql" if alias == "owner"
+                   else "tenancy.backends.postgresql"),
         "NAME": _NAME,
         "USER": role,
         "PASSWORD": os.environ.get(role_env + "_PASSWORD", role),

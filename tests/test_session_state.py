@@ -43,7 +43,6 @@ from tests.outbox.support.recorders import OrderRecorder
 from tests.pooler import Pooler
 from tests.session_state import (
     django_state,
-    librarys_prepared_statements,
     no_session_state_left,
     read_state,
 )
@@ -250,9 +249,9 @@ def test_direct_connections_come_back_from_the_librarys_flows_holding_nothing(al
     names = aliases()
     with Direct().routed(*names.values()):
         readers = {alias: (lambda alias=alias: django_state(alias)) for alias in names.values()}
-        # On a direct connection the library prepares its hot statements, and
-        # only those (docs/scaling.md): names that carry no tenant's data.
-        with no_session_state_left(readers, prepared=librarys_prepared_statements()):
+        # Not even a prepared statement: the hot statements' plans are kept by
+        # the functions they call (docs/scaling.md).
+        with no_session_state_left(readers):
             the_librarys_flows_for_tenant_2()
 
 

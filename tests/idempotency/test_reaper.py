@@ -150,7 +150,10 @@ def test_a_reaper_started_while_another_is_mid_run_refuses_naming_it():
 def test_two_sessions_claiming_the_lease_at_once_take_turns_and_the_second_finds_it_held():
     """The claim is one statement on the lease row: the second waits for the first's row
     lock, then sees the lease held (and takes nothing)."""
-    from idempotency.store import REAPER_LEASE, claim_lease
+    from tenancy.leases import Lease
+
+    def claim_lease(alias: str, owner: str) -> tuple[object, ...] | None:
+        return Lease("idempotency", "reaper", alias, owner).claim(60)
 
     claimed = threading.Event()
     commit = threading.Event()
@@ -160,7 +163,7 @@ def test_two_sessions_claiming_the_lease_at_once_take_turns_and_the_second_finds
     def first_claim() -> None:
         try:
             with transaction.atomic(using=alias):
-                assert claim_lease(alias, REAPER_LEASE, "first", 60) is None
+                assert claim_lease(alias, "first") is not None
                 claimed.set()
                 commit.wait(60)  # the claim is made, not committed yet
         finally:
@@ -168,7 +171,7 @@ def test_two_sessions_claiming_the_lease_at_once_take_turns_and_the_second_finds
 
     def second_claim() -> None:
         try:
-            second["holder"] = claim_lease(alias, REAPER_LEASE, "second", 60)
+            second["claimed"] = claim_lease(alias, "second")
         finally:
             connections.close_all()
 
@@ -179,12 +182,12 @@ def test_two_sessions_claiming_the_lease_at_once_take_turns_and_the_second_finds
     two.start()
     try:
         wait_for_lock_wait(alias)  # the second claim waits for the first's row lock
-        assert "holder" not in second
+        assert "claimed" not in second
     finally:
         commit.set()
         one.join(60)
         two.join(60)
-    assert second["holder"].owner == "first"
+    assert second["claimed"] is None
     with observer() as conn:
         assert conn.execute(
             "SELECT owner FROM idempotency_leases WHERE name = 'reaper'").fetchone()[0] == "first"

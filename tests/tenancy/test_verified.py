@@ -24,6 +24,7 @@ from django.core import checks
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connections
+from django.test import override_settings
 
 from tenancy import context, tenant_context
 from tenancy.conf import ContextKey, tenancy_settings
@@ -45,6 +46,13 @@ WEAKEN = os.environ.get("DIO_TEST_WEAKEN", "")
 attack = pytest.mark.attack
 
 
+def verified_with(key: dict[str, str] | None) -> override_settings:
+    """``TENANCY["VERIFIED_CONTEXT"]`` set to ``key`` (None: absent) while the block runs."""
+    tenancy = {k: v for k, v in django_settings.TENANCY.items() if k != "VERIFIED_CONTEXT"}
+    return override_settings(TENANCY=tenancy if key is None else {**tenancy,
+                                                                   "VERIFIED_CONTEXT": key})
+
+
 def owner_command(*args: str) -> str:
     out = io.StringIO()
     call_command("verified_context", *args, database="owner", stdout=out)
@@ -56,8 +64,8 @@ def _verified_mode(django_db_setup, django_db_blocker):
     """The verified mode, in the database and in the settings, for this module."""
     key = django_settings.VERIFIED_CONTEXT_KEY
     already = bool(django_settings.TENANCY.get("VERIFIED_CONTEXT"))
-    original = django_settings.TENANCY
-    django_settings.TENANCY = {**original, "VERIFIED_CONTEXT": key}
+    verified = override_settings(TENANCY={**django_settings.TENANCY, "VERIFIED_CONTEXT": key})
+    verified.enable()
     with django_db_blocker.unblock():
         owner_command("add-key")
         if WEAKEN != "plain":
@@ -72,7 +80,7 @@ def _verified_mode(django_db_setup, django_db_blocker):
         try:
             yield
         finally:
-            django_settings.TENANCY = original
+            verified.disable()
             if not already:
                 owner_command("disable")
             connections["owner"].close()
@@ -157,16 +165,14 @@ def test_a_token_minted_for_this_transaction_is_accepted(orders):
 def test_a_key_longer_than_the_hash_block_verifies_like_pythons_hmac(orders):
     long_key = ContextKey("tests-long", b"k" * 100)  # hashed first, as HMAC says
     owner_key = {"KEY_ID": "tests-long", "KEY": "k" * 100}
-    original = django_settings.TENANCY
-    django_settings.TENANCY = {**original, "VERIFIED_CONTEXT": owner_key}
     try:
-        owner_command("add-key")
+        with verified_with(owner_key):
+            owner_command("add-key")
         with connect(autocommit=True) as conn, conn.transaction():
             binding = conn.execute("SELECT tenancy_context_binding()").fetchone()[0]
             set_token(conn, mint_token(long_key, B, binding))
             assert skus(conn.cursor()) == {"b-1"}
     finally:
-        django_settings.TENANCY = original
         owner_command("remove-key", "tests-long")
 
 
@@ -287,6 +293,7 @@ def test_a_function_injected_to_shadow_the_binding_cannot_aim_a_token_at_another
                 cursor.execute("SELECT pg_backend_pid()")
                 web_pid = cursor.fetchone()[0]
             with tenant_context(B):  # tenant B's request lands on that connection
+                assert set(Order.objects.values_list("sku", flat=True)) == {"b-1"}
                 query = attacker.execute(
                     "SELECT query FROM pg_stat_activity WHERE pid = %s", [web_pid]
                 ).fetchone()[0]
@@ -379,15 +386,10 @@ def test_status_names_the_mode_and_the_keys_never_a_secret():
 
 def test_add_key_is_idempotent_and_refuses_another_secret_under_the_same_id():
     assert "already installed" in owner_command("add-key")
-    original = django_settings.TENANCY
-    django_settings.TENANCY = {
-        **original, "VERIFIED_CONTEXT": {"KEY_ID": "tests-1", "KEY": "x" * 40}
-    }
-    try:
-        with pytest.raises(CommandError, match="A different key is installed under the id"):
-            owner_command("add-key")
-    finally:
-        django_settings.TENANCY = original
+    with verified_with({"KEY_ID": "tests-1", "KEY": "x" * 40}), pytest.raises(
+        CommandError, match="A different key is installed under the id"
+    ):
+        owner_command("add-key")
 
 
 def test_the_signing_key_cannot_be_removed_while_the_mode_is_on():
@@ -400,15 +402,10 @@ def test_the_signing_key_cannot_be_removed_while_the_mode_is_on():
 
 
 def test_enable_refuses_a_key_the_database_does_not_have():
-    original = django_settings.TENANCY
-    django_settings.TENANCY = {
-        **original, "VERIFIED_CONTEXT": {"KEY_ID": "tests-absent", "KEY": "y" * 40}
-    }
-    try:
-        with pytest.raises(CommandError, match="does not accept the key 'tests-absent'"):
-            owner_command("enable")
-    finally:
-        django_settings.TENANCY = original
+    with verified_with({"KEY_ID": "tests-absent", "KEY": "y" * 40}), pytest.raises(
+        CommandError, match="does not accept the key 'tests-absent'"
+    ):
+        owner_command("enable")
 
 
 def check_ids() -> set[str]:
@@ -429,19 +426,14 @@ def test_the_checks_pass_in_the_verified_mode():
 def test_the_checks_refuse_settings_and_database_that_disagree():
     if WEAKEN:
         pytest.skip("a sensitivity run")
-    original = django_settings.TENANCY
     try:
-        django_settings.TENANCY = {k: v for k, v in original.items() if k != "VERIFIED_CONTEXT"}
-        assert "tenancy.E023" in check_ids()  # database verified, settings plain
-        django_settings.TENANCY = {
-            **original, "VERIFIED_CONTEXT": {"KEY_ID": "tests-1", "KEY": "z" * 40}
-        }
-        assert "tenancy.E024" in check_ids()  # a key the database does not accept
-        django_settings.TENANCY = original
+        with verified_with(None):
+            assert "tenancy.E023" in check_ids()  # database verified, settings plain
+        with verified_with({"KEY_ID": "tests-1", "KEY": "z" * 40}):
+            assert "tenancy.E024" in check_ids()  # a key the database does not accept
         owner_command("disable")
         assert "tenancy.E022" in check_ids()  # settings verified, database plain
     finally:
-        django_settings.TENANCY = original
         owner_command("enable")
 
 
@@ -527,7 +519,8 @@ def test_begin_and_the_binding_travel_in_one_round_trip():
     if WEAKEN:
         pytest.skip("a sensitivity run")
     from idempotency import core
-    from tests.idempotency.test_upstream import request, stored, wire
+    from tests.idempotency.test_upstream import request, stored
+    from tests.wire import wire
 
     def handler() -> core.StoredResponse:
         Order.objects.create(tenant_id=A, sku="tea")
@@ -542,4 +535,5 @@ def test_begin_and_the_binding_travel_in_one_round_trip():
     assert lookup.startswith(
         "SET LOCAL app.tenant_id = '1'; SET LOCAL app.tenant_token = '1."
     ), sent
-    assert order.startswith('INSERT INTO "testapp_order"') and store.endswith("; COMMIT"), sent
+    assert order.startswith('SAVEPOINT "') and 'INSERT INTO "testapp_order"' in order, sent
+    assert store.endswith("; COMMIT"), sent

@@ -1,9 +1,33 @@
-"""Django's PostgreSQL backend for a role that does not own the tables.
+"""Django's PostgreSQL backend for the roles that are not the tables' owner.
 
-The app, worker and system aliases of :func:`tenancy.databases` use
-it. In a deployment it is Django's backend, unchanged. Under ``manage.py
-test`` (and pytest-django) it hands to the owner's alias, named by
-``TEST["OWNER"]``, what only the owner may do, as in a deployment:
+The app, worker and system aliases of :func:`tenancy.databases` use it. It
+is Django's backend with two additions.
+
+**Held statements.** Django sends ``BEGIN`` (through psycopg), ``SAVEPOINT``
+and ``RELEASE SAVEPOINT`` each as a round trip of its own, and the tenant's
+``SET LOCAL`` is another; none of them returns anything anyone reads. While
+a block runs under :meth:`DatabaseWrapper.holding`, such statements are
+held and sent at the head of the next statement's message (a message of
+several statements, which a cursor that binds on the client sends as one):
+an idempotent request's claim carries the transaction's ``BEGIN`` and its
+tenant, the handler's first statement its savepoint, the stored answer the
+savepoint's release. Nothing else changes: the execute wrappers, query
+logging and ``CaptureQueriesContext`` see ``SAVEPOINT`` and ``SET LOCAL``
+when Django and the library send them, and ``BEGIN`` and ``COMMIT`` are
+logged as Django logs them. A savepoint released or rolled back before
+anything was sent inside it is never sent at all; ``COMMIT`` drops what is
+still held (it ends the transaction anyway). A statement of several
+parts fails as a whole when PostgreSQL cannot parse it: if the ``BEGIN``
+it carried did not run, it is sent again on its own, so that the
+transaction is open as Django believes it is. The hooks are the methods
+Django's backends implement (``_start_transaction_under_autocommit``,
+``_savepoint``, ``_savepoint_commit``, ``_savepoint_rollback``,
+``_commit``, ``_rollback``) and psycopg's documented ``cursor_factory``;
+tests/tenancy/test_backend.py holds them on the oldest and newest Django.
+
+**Test databases.** Under ``manage.py test`` (and pytest-django) it hands to
+the owner's alias, named by ``TEST["OWNER"]``, what only the owner may do,
+as in a deployment:
 
 - creating the test database, migrating it (which applies the privileges)
   and dropping it at the end: Django creates a database through the first
@@ -23,12 +47,17 @@ as the alias's own role, so the tests see what production sees.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import weakref
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.db.backends.postgresql import base, creation, operations
+from django.db.backends.utils import debug_transaction
 
 
 def _owner(connection: Any) -> str | None:
@@ -127,6 +156,18 @@ class DatabaseCreation(creation.DatabaseCreation):
 
 
 class DatabaseOperations(operations.DatabaseOperations):
+    def last_executed_query(self, cursor: Any, sql: Any, params: Any) -> str:
+        """The statement as query logging shows it: held ones as given, the others without
+        what was held and sent before them in their message."""
+        if getattr(cursor, "held_only", False):
+            return str(sql)
+        query: str = super().last_executed_query(cursor, sql, params)
+        before = getattr(cursor, "sent_before", "")
+        if query is not None and before and query.startswith(before):
+            return query[len(before):]
+        return query
+
+
     def sql_flush(
         self, style: Any, tables: Any, *, reset_sequences: bool = False,
         allow_cascade: bool = False,
@@ -168,6 +209,231 @@ class DatabaseOperations(operations.DatabaseOperations):
             raw.close()
 
 
-class DatabaseWrapper(base.DatabaseWrapper):
+@dataclass
+class Held:
+    """What a connection holds back for the next statement's message."""
+
+    #: Each held text, with the number of statements (results) in it.
+    statements: list[tuple[str, int]] = field(default_factory=list)
+    #: Hold BEGIN, SAVEPOINT, RELEASE and DatabaseWrapper.hold()'s statements.
+    on: bool = False
+    #: The next text the cursor is given is held, not sent: its number of statements.
+    take_next: int = 0
+    #: The savepoints whose SAVEPOINT is still held: name -> that statement.
+    unsent: dict[str, str] = field(default_factory=dict)
+    #: Savepoints dropped unsent by a rollback, whose release is then nothing.
+    dropped: set[str] = field(default_factory=set)
+    #: The held statements start the transaction (BEGIN is among them).
+    begins: bool = False
+
+    def add(self, sql: str, results: int = 1) -> None:
+        self.statements.append((sql, results))
+
+    def take(self) -> tuple[str, int, bool]:
+        """The held text, its number of results, and whether it begins the transaction.
+
+        Nothing is held afterwards.
+        """
+        text = "; ".join(sql for sql, _ in self.statements)
+        results = sum(count for _, count in self.statements)
+        begins = self.begins
+        self.statements, self.begins = [], False
+        self.unsent.clear()
+        return text, results, begins
+
+    def drop_savepoint(self, sid: str) -> None:
+        """Forget the savepoint ``sid`` and everything held after it: none of it was sent."""
+        texts = [sql for sql, _ in self.statements]
+        del self.statements[texts.index(self.unsent[sid]):]
+        kept = {sql for sql, _ in self.statements}
+        self.unsent = {name: sql for name, sql in self.unsent.items() if sql in kept}
+
+    def clear(self) -> None:
+        self.take()
+        self.dropped.clear()
+
+
+# django-stubs declare neither Django's psycopg cursor class nor the methods a
+# backend implements (_savepoint, _commit...): both are typed as Any here.
+_DjangoCursor: Any = base.Cursor
+_DjangoWrapper: Any = base.DatabaseWrapper
+
+#: Per psycopg connection: what its Django connection holds (cursors find it here).
+_held: weakref.WeakKeyDictionary[Any, Held] = weakref.WeakKeyDictionary()
+
+
+class Cursor(_DjangoCursor):  # type: ignore[misc]
+    """Django's cursor (binds on the client), sending what its connection holds first."""
+
+    #: The last statement was held, not sent (query logging shows it as it was given).
+    held_only = False
+    #: What went before the last statement in its message (query logging leaves it out).
+    sent_before = ""
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        held = _held.get(self.connection)
+        self.held_only, self.sent_before = False, ""
+        if held is None or not (held.statements or held.take_next):
+            return super().execute(query, params, **kwargs)
+        if held.take_next:
+            held.add(query, held.take_next)
+            held.take_next = 0
+            self.held_only = True
+            return self
+        if kwargs or not isinstance(query, str):
+            self._send_held(held)
+            return super().execute(query, params, **kwargs)
+        text, results, begins = held.take()
+        self.sent_before = f"{text}; "
+        try:
+            super().execute(f"{text if params is None else text.replace('%', '%%')}; {query}",
+                            params)
+        except psycopg.Error:
+            # Nothing of a message PostgreSQL could not parse ran: the BEGIN it
+            # carried is sent again, so the transaction Django believes in is open.
+            idle = self.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            if begins and idle:
+                super().execute(text)
+            raise
+        for _ in range(results):  # past their results, to the statement's own
+            self.nextset()
+        return self
+
+    def executemany(self, *args: Any, **kwargs: Any) -> None:
+        self._send_held(_held.get(self.connection))
+        super().executemany(*args, **kwargs)
+
+    def copy(self, *args: Any, **kwargs: Any) -> Any:
+        self._send_held(_held.get(self.connection))
+        return super().copy(*args, **kwargs)
+
+    def stream(self, *args: Any, **kwargs: Any) -> Any:
+        self._send_held(_held.get(self.connection))
+        return super().stream(*args, **kwargs)
+
+    def _send_held(self, held: Held | None) -> None:
+        if held is not None and held.statements:
+            super().execute(held.take()[0])
+
+
+class DatabaseWrapper(_DjangoWrapper):  # type: ignore[misc]
     creation_class = DatabaseCreation
     ops_class = DatabaseOperations
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.held = Held()
+
+    @contextmanager
+    def holding(self, on: bool = True) -> Iterator[None]:
+        """Hold (``on``) or send at once (not ``on``) the statements that return nothing.
+
+        See the module's docstring. Blocks nest; leaving one restores what
+        the enclosing block chose. What is held when a block ends stays held
+        for the next statement, whichever block sends it.
+        """
+        previous, self.held.on = self.held.on, on
+        try:
+            yield
+        finally:
+            self.held.on = previous
+
+    def hold(self, *statements: str) -> None:
+        """Send ``statements`` (that return nothing) now, or with the next one when holding.
+
+        Either way they go through a Django cursor, in one message, so
+        execute wrappers and query logging see them now.
+        """
+        self._hold(statements, self.held.on)
+
+    def prefix(self, *statements: str) -> None:
+        """Send ``statements`` (that return nothing) with the next statement, holding or not.
+
+        For statements that must run in the same transaction as the next one:
+        in autocommit, the message's implicit transaction.
+        """
+        self._hold(statements, True)
+
+    def _hold(self, statements: tuple[str, ...], held: bool) -> None:
+        with self.cursor() as cursor:
+            self.held.take_next = len(statements) if held else 0
+            try:
+                cursor.execute("; ".join(statements))
+            finally:
+                self.held.take_next = 0
+
+    def get_connection_params(self) -> dict[str, Any]:
+        params: dict[str, Any] = super().get_connection_params()
+        if params.get("cursor_factory") is base.Cursor:  # Django's, binding on the client
+            params["cursor_factory"] = Cursor
+        return params
+
+    def get_new_connection(self, conn_params: dict[str, Any]) -> Any:
+        connection = super().get_new_connection(conn_params)
+        self.held.clear()
+        _held[connection] = self.held
+        return connection
+
+    def create_cursor(self, name: str | None = None) -> Any:
+        if name and self.held.statements:  # a server-side cursor: sent on its own
+            self.connection.execute(self.held.take()[0])
+        return super().create_cursor(name)
+
+    def _start_transaction_under_autocommit(self) -> None:
+        # Django calls this, when a backend has it, to begin a transaction.
+        with debug_transaction(self, "BEGIN"):
+            if not self.held.on:
+                self._set_autocommit(False)  # psycopg sends BEGIN with the next statement
+                return
+            # psycopg stays in autocommit, so it sends no BEGIN of its own;
+            # this one goes with the next statement.
+            self.held.add(begin_sql(self.connection))
+            self.held.begins = True
+
+    def _savepoint(self, sid: str) -> None:
+        if not self.held.on:
+            super()._savepoint(sid)
+            return
+        sql = self.ops.savepoint_create_sql(sid)
+        self.hold(sql)
+        self.held.unsent[sid] = sql
+
+    def _savepoint_rollback(self, sid: str) -> None:
+        if sid in self.held.unsent:  # nothing was sent inside it
+            self.held.drop_savepoint(sid)
+            self.held.dropped.add(sid)
+            return
+        super()._savepoint_rollback(sid)
+
+    def _savepoint_commit(self, sid: str) -> None:
+        if sid in self.held.dropped:
+            self.held.dropped.discard(sid)
+            return
+        if sid in self.held.unsent:  # nothing was sent inside it
+            self.held.drop_savepoint(sid)
+            return
+        if self.held.on:
+            self.hold(self.ops.savepoint_commit_sql(sid))
+        else:
+            super()._savepoint_commit(sid)
+
+    def _commit(self) -> None:
+        self.held.clear()  # savepoints and settings end with the transaction
+        super()._commit()
+
+    def _rollback(self) -> None:
+        self.held.clear()
+        super()._rollback()
+
+
+def begin_sql(connection: psycopg.Connection[Any]) -> str:
+    """``BEGIN`` with the transaction characteristics psycopg's connection is set to."""
+    words = ["BEGIN"]
+    if connection.isolation_level is not None:
+        level = psycopg.IsolationLevel(connection.isolation_level).name.replace("_", " ")
+        words.append(f"ISOLATION LEVEL {level}")
+    if connection.read_only is not None:
+        words.append("READ ONLY" if connection.read_only else "READ WRITE")
+    if connection.deferrable is not None:
+        words.append("DEFERRABLE" if connection.deferrable else "NOT DEFERRABLE")
+    return " ".join(words)

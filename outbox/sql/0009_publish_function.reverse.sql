@@ -1,0 +1,1 @@
+DROP FUNCTION outbox_publish(bigint, uuid, text, text, text, text, jsonb, jsonb);
