@@ -285,9 +285,11 @@ class Cursor(_DjangoCursor):  # type: ignore[misc]
             return super().execute(query, params, **kwargs)
         text, results, begins = held.take()
         self.sent_before = f"{text}; "
+        # Bound first, then joined: the joined text changes with every savepoint
+        # name, and psycopg would look for placeholders in it anew each time.
+        bound = query if params is None else self.mogrify(query, params)
         try:
-            super().execute(f"{text if params is None else text.replace('%', '%%')}; {query}",
-                            params)
+            super().execute(f"{text}; {bound}")
         except psycopg.Error:
             # Nothing of a message PostgreSQL could not parse ran: the BEGIN it
             # carried is sent again, so the transaction Django believes in is open.
@@ -341,8 +343,8 @@ class DatabaseWrapper(_DjangoWrapper):  # type: ignore[misc]
     def hold(self, *statements: str) -> None:
         """Send ``statements`` (that return nothing) now, or with the next one when holding.
 
-        Either way they go through a Django cursor, in one message, so
-        execute wrappers and query logging see them now.
+        Either way execute wrappers and query logging see them now, as they
+        are given.
         """
         self._hold(statements, self.held.on)
 
@@ -355,10 +357,20 @@ class DatabaseWrapper(_DjangoWrapper):  # type: ignore[misc]
         self._hold(statements, True)
 
     def _hold(self, statements: tuple[str, ...], held: bool) -> None:
-        with self.cursor() as cursor:
+        sql = "; ".join(statements)
+        if held and not self.execute_wrappers:
+            # Nobody wraps execute(): no cursor needed. Query logging records
+            # it as it records BEGIN and COMMIT.
+            self.ensure_connection()
+            self.held.add(sql, len(statements))
+            if self.queries_logged:
+                with debug_transaction(self, sql):
+                    pass
+            return
+        with self.cursor() as cursor:  # execute wrappers see it as it is given
             self.held.take_next = len(statements) if held else 0
             try:
-                cursor.execute("; ".join(statements))
+                cursor.execute(sql)
             finally:
                 self.held.take_next = 0
 
