@@ -294,7 +294,7 @@ class SlotState:
 
 
 def slot_state(using: str, name: str | None = None) -> SlotState | None:
-    """The slot ``name`` (``OUTBOX["REPLICATION_SLOT"]``) of this database, or None if none exists."""
+    """The slot ``name`` (``OUTBOX["REPLICATION_SLOT"]``) of this database; None: there is none."""
     name = outbox_settings.REPLICATION_SLOT if name is None else name
     if name is None:
         return None
@@ -382,7 +382,8 @@ BEGIN
     IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{role}' AND rolreplication
                                           AND rolcanlogin) THEN
         RAISE EXCEPTION 'outbox: the role {role} (LOGIN REPLICATION) does not exist'
-              USING HINT = 'As a superuser: CREATE ROLE {role} LOGIN REPLICATION PASSWORD ''...''; then migrate again.';
+              USING HINT = 'As a superuser: CREATE ROLE {role} LOGIN REPLICATION '
+                           'PASSWORD ''...''; then migrate again.';
     END IF;
 END
 $check$;

@@ -92,7 +92,7 @@ class Slot:
 
 @contextlib.contextmanager
 def deployed() -> Iterator[Slot]:
-    """The opt-in migration's SQL applied as the owner, the connector's slot created; undone after."""
+    """The opt-in migration's SQL applied as the owner and the connector's slot; undone after."""
     _ensure_role()
     with _owner() as owner:
         owner.execute(debezium.forward_sql(PUBLICATION, ROLE))
