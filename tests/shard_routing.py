@@ -53,6 +53,11 @@ def _walk(node: Any) -> Iterator[tuple[str, dict[str, Any]]]:
         for kind, value in node.items():
             if isinstance(value, dict) and kind[:1].isupper():
                 yield kind, value
+                if kind == "SelectStmt":
+                    # The arms of a UNION (INTERSECT, EXCEPT) are SelectStmts
+                    # that the JSON does not name.
+                    yield from (("SelectStmt", value[arm]) for arm in ("larg", "rarg")
+                                if arm in value)
             yield from _walk(value)
     elif isinstance(node, list):
         for item in node:

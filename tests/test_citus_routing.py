@@ -70,6 +70,8 @@ UNROUTED = [
      "SELECT on outbox_messages"),
     ("SELECT * FROM outbox_messages m JOIN outbox_received r ON r.message_id = m.message_id"
      " WHERE m.tenant_id = %s", "SELECT on outbox_received AS r"),
+    ("SELECT id FROM outbox_messages WHERE tenant_id = 1 UNION ALL"
+     " (SELECT id FROM outbox_dead_letters ORDER BY id LIMIT 5)", "SELECT on outbox_dead_letters"),
 ]
 
 
