@@ -781,8 +781,8 @@ CATALOGUE: list[Mutant] = [
         "retention.unstarted-reader-ignored", "outbox.retention",
         "retention waits for a configured reader that has no offset row yet",
         "outbox/retention.py",
-        "    if not readers or expected - present:",
-        "    if not readers:",
+        "    if expected - present:\n        return None\n",
+        "    if False:\n        return None\n",
         (OUTBOX + "test_retention.py",),
     ),
     mutant(
@@ -1414,8 +1414,8 @@ CATALOGUE: list[Mutant] = [
         "layers.outbox-needs-idempotency", "outbox.publishing",
         "outbox works installed without the idempotency app",
         "outbox/publishing.py",
-        "from outbox import metrics, store\n",
-        "from outbox import metrics, store\nimport idempotency.conf  # noqa: F401,E402\n",
+        "from outbox import debezium, metrics, store\n",
+        "from outbox import debezium, metrics, store\nimport idempotency.conf  # noqa: F401,E402\n",
         ("tests/test_layers.py",),
     ),
     mutant(
@@ -1576,5 +1576,58 @@ CATALOGUE: list[Mutant] = [
                  "        except _Undo:\n            pass",
                  "        except _Undo:\n            transaction.savepoint_rollback(sid, using=alias)"),
         ),
+    ),
+    # --- outbox: Debezium carries the messages (docs/debezium.md) -------------------------
+    mutant(
+        "debezium.signed-as-published", "outbox.debezium",
+        "the publisher signs the values as a receiver decodes them from the stored jsonb",
+        "outbox/debezium.py",
+        "        payload=_as_stored(payload), headers=_as_stored(headers),",
+        "        payload=payload, headers=headers,",
+        (OUTBOX + "test_debezium.py::test_the_publishers_signature_verifies_as_a_receiver_decodes"
+         "_the_record",),
+    ),
+    mutant(
+        "debezium.signature-unchecked", "outbox.debezium",
+        "a record changed on the way is refused before its receiver runs",
+        "outbox/debezium.py",
+        "    if not hmac.compare_digest(expected, mark):",
+        "    if not expected:",
+        (OUTBOX + "test_debezium.py::test_a_record_changed_on_the_way_is_refused_before_its_receiver"
+         "_runs",),
+    ),
+    mutant(
+        "debezium.retention-ignores-slot", "outbox.retention",
+        "retention keeps every message the replication slot has not passed",
+        "outbox/retention.py",
+        "            if slot is None:\n                deleted = store.delete_passed_messages(",
+        "            if True:\n                deleted = store.delete_passed_messages(",
+        (OUTBOX + "test_debezium.py::test_retention_waits_for_the_slot_to_confirm_a_message",),
+    ),
+    mutant(
+        "debezium.retention-without-slot", "outbox.retention",
+        "nothing is reaped while the replication slot does not exist",
+        "outbox/retention.py",
+        "        if slot is None:\n            limit = None\n",
+        "",
+        (OUTBOX + "test_debezium.py::test_nothing_is_reaped_while_the_slot_does_not_exist",),
+    ),
+    mutant(
+        "debezium.publication-all-operations", "outbox.debezium",
+        "the opt-in migration's publication sends inserts only (retention's deletes never reach "
+        "the connector)",
+        "outbox/debezium.py",
+        "FOR TABLE outbox_messages WITH (publish = 'insert');",
+        "FOR TABLE outbox_messages;",
+        (OUTBOX + "test_debezium.py::test_the_migration_creates_an_insert_only_publication_and"
+         "_rolls_back",),
+    ),
+    mutant(
+        "queries.unmarked-fan-out", "outbox.queries",
+        "every statement of the query files names its tenant, or says it reads across tenants",
+        "outbox/queries.sql",
+        "-- Across tenants: retention's batch",
+        "-- Retention's batch",
+        ("tests/test_citus_routing.py::test_every_statement_of_the_query_files_names_its_tenant",),
     ),
 ]

@@ -167,6 +167,11 @@ class OutboxSettings(AppSettings):
     #: Retention: messages older than this AND passed by every reader are
     #: deleted; receivers' records of message ids are kept as long.
     RETENTION = Setting(timedelta(days=7), seconds())
+    #: Debezium (docs/debezium.md): the logical replication slot that carries
+    #: outbox_messages (the connector's slot.name). Retention keeps every message
+    #: the slot has not passed, health reports the slot, and publish() signs each
+    #: message (with SIGNING_KEYS) for the receivers behind it. None: no slot.
+    REPLICATION_SLOT = Setting(None, optional(text(max_length=63)))
     #: Health checks (outbox_health, outbox.health_view): a reader whose oldest
     #: unpassed readable message is older than this is unhealthy.
     HEALTH_MAX_LAG = Setting(timedelta(seconds=60), seconds(allow_zero=False))

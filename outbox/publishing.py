@@ -12,7 +12,7 @@ from django.db import connections, transaction
 from django.utils.module_loading import import_string
 
 from django_idempotency_outbox import tracing
-from outbox import metrics, store
+from outbox import debezium, metrics, store
 from outbox.conf import outbox_settings
 from outbox.exceptions import NoTenant, NotInTransaction
 from tenancy import current_tenant_id
@@ -89,6 +89,7 @@ def publish(
         if value is not None and len(str(value)) > 200:
             raise ValueError(f"outbox.publish(): {name} is longer than 200 characters")
     message_id = message_id or uuid.uuid4()
+    aggregate = None if aggregate_id is None else str(aggregate_id)
     store.insert_message(
         alias,
         tenant_id=tenant_id,
@@ -96,9 +97,14 @@ def publish(
         topic=topic,
         key=key,
         aggregate_type=aggregate_type,
-        aggregate_id=None if aggregate_id is None else str(aggregate_id),
+        aggregate_id=aggregate,
         payload=payload,
-        headers=tracing.inject(dict(headers or {})),
+        # Signed here when Debezium carries the messages (no relay signs them).
+        headers=debezium.signed_headers(
+            message_id=message_id, tenant_id=tenant_id, topic=topic, key=key,
+            aggregate_type=aggregate_type, aggregate_id=aggregate, payload=payload,
+            headers=tracing.inject(dict(headers or {})),
+        ),
     )
     _kick_after_commit(connection, alias)
     if metrics.instruments() is not None:

@@ -8,6 +8,12 @@ configured consumer or relay that has no row yet (it will start from the
 beginning, so nothing may go). A consumer that is retired must have its
 offset rows deleted, or it holds retention back (``outbox_status`` shows it).
 
+With ``OUTBOX["REPLICATION_SLOT"]`` set (Debezium carries the messages,
+docs/debezium.md), the slot is a reader too: a message goes only once the slot
+has passed its transaction, as PostgreSQL tells from the slot's confirmed
+position (:attr:`outbox.debezium.SlotState.passed_before`); while the slot does
+not exist, nothing goes.
+
 Runs on the system alias, in bounded batches (one short transaction each),
 along the delivery index. Also forgets receiver records older than
 ``OUTBOX["RETENTION"]``: a message can be sent again (a rewind, a broker's
@@ -19,7 +25,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from outbox import metrics, store
+from outbox import debezium, metrics, store
 from outbox.conf import outbox_settings
 from outbox.consumers import configured_consumers
 from outbox.relay import relay_readers
@@ -31,12 +37,18 @@ logger = logging.getLogger("outbox")
 #: Rows deleted per transaction (``reap_outbox --batch-size``).
 BATCH_SIZE = 5000
 
+#: The largest message id: no reader's position limits retention.
+_NO_LIMIT = 2**63 - 1
+
 
 @dataclass(frozen=True)
 class ReapResult:
     messages: int
     received: int
     horizon: int | None
+    #: With a replication slot: the transaction id below which it has passed
+    #: every transaction (None: the slot does not exist).
+    slot_horizon: int | None = None
 
 
 def horizon(using: str | None = None) -> int | None:
@@ -45,14 +57,20 @@ def horizon(using: str | None = None) -> int | None:
     None when some configured reader has no offset row yet (nothing may be
     deleted) or when there are no readers at all.
     """
-    alias = system_alias(using)
+    return _floor(system_alias(using), alone=None)
+
+
+def _floor(alias: str, *, alone: int | None) -> int | None:
+    """:func:`horizon`, but ``alone`` when there are no readers at all."""
     expected = {(c.name, p) for c in configured_consumers() for p in range(c.partitions)}
     readers = store.reader_positions(alias)
     if outbox_settings.TRANSPORT is not None:
         expected.update((name, 0) for name in relay_readers(r.name for r in readers))
     present = {(r.name, r.partition) for r in readers}
-    if not readers or expected - present:
+    if expected - present:
         return None
+    if not readers:
+        return alone
     return min(r.position.floor for r in readers)
 
 
@@ -69,13 +87,25 @@ def reap(batch_size: int | None = None, using: str | None = None) -> ReapResult:
         raise ValueError(f"batch size must be a positive int, not {size!r}")
     require_cross_tenant(alias, ["outbox_messages", "outbox_received"], job="reap_outbox")
     retention = outbox_settings.RETENTION
-    limit = horizon(alias)
+    slot = None
+    if outbox_settings.REPLICATION_SLOT is None:
+        limit = _floor(alias, alone=None)
+    else:
+        # The slot is the one reader when no consumer or relay is configured.
+        limit = _floor(alias, alone=_NO_LIMIT)
+        state = debezium.slot_state(alias)
+        slot = None if state is None else state.passed_before
+        if slot is None:
+            limit = None
     messages = 0
     if limit is not None:
         # Strictly below the lowest position is "<=" the position itself: the
         # reader has passed the message it points at.
         while True:
-            deleted = store.delete_passed_messages(alias, limit, retention, size)
+            if slot is None:
+                deleted = store.delete_passed_messages(alias, limit, retention, size)
+            else:
+                deleted = debezium.delete_passed_messages(alias, limit, slot, retention, size)
             messages += deleted
             if deleted < size:
                 break
@@ -89,4 +119,4 @@ def reap(batch_size: int | None = None, using: str | None = None) -> ReapResult:
                 break
     logger.info("outbox: reaped %d message(s) and %d receiver record(s)", messages, received)
     metrics.upkeep("reap_outbox", messages + received)
-    return ReapResult(messages, received, limit)
+    return ReapResult(messages, received, limit, slot)

@@ -28,7 +28,14 @@ class Command(BaseCommand):
         self.stdout.write(
             f"deleted {result.messages} message(s) and {result.received} receiver record(s)"
         )
-        if result.horizon is None and options["verbosity"] >= 1:
+        from outbox.conf import outbox_settings
+
+        slot = outbox_settings.REPLICATION_SLOT
+        if slot is not None and result.slot_horizon is None and options["verbosity"] >= 1:
+            self.stdout.write(
+                f"no message may be deleted yet: the replication slot {slot} does not exist"
+            )
+        elif result.horizon is None and options["verbosity"] >= 1:
             self.stdout.write(
                 "no message may be deleted yet: a configured consumer or relay has not started"
             )

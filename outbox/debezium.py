@@ -1,0 +1,438 @@
+"""Debezium carries the outbox: what the library does when a connector reads the WAL.
+
+With ``OUTBOX["REPLICATION_SLOT"]`` set, a Debezium PostgreSQL connector (or
+any reader of a logical replication slot) delivers ``outbox_messages`` in
+commit order, and the library's relay is off (``OUTBOX["TRANSPORT"] = None``).
+This module holds the library's side of that road (docs/debezium.md):
+
+- the publisher's signature: :func:`signed_headers`, which ``publish()`` calls,
+  puts an HMAC of the message into its headers (there is no relay to sign);
+- the receiving side: :func:`envelope` and :func:`message` turn a Kafka record
+  shaped by Debezium's outbox event router, with the connector configuration
+  of docs/debezium.md, into the envelope the relay would have sent and the
+  :class:`~outbox.stream.Message` a receiver takes, after checking the
+  publisher's signature;
+- the slot: :func:`slot_state` reads it for retention (:mod:`outbox.retention`
+  keeps every message the slot has not passed) and for health
+  (:func:`slot_problems`);
+- the opt-in: :func:`migration_source` writes the migration that creates the
+  publication and grants the connector's role (``manage.py
+  outbox_debezium_migration``).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import re
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import connections
+
+from django_idempotency_outbox.sqlfiles import queries
+from outbox.conf import SigningKey, outbox_settings
+from outbox.exceptions import BadSignature
+from outbox.stream import ENVELOPE_KEYS, Message
+
+logger = logging.getLogger("outbox")
+
+#: The key of ``headers`` that carries the publisher's signature.
+SIGNATURE_HEADER = "outbox-signature"
+
+#: The scheme of the publisher's signature: ``r1.<key id>.<64 hex digits>``.
+SCHEME = "r1"
+
+_DOMAIN = b"outbox row v1\n"
+_FORMAT = re.compile(r"r1\.([0-9a-f]{8})\.([0-9a-f]{64})")
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+_DJANGO = DjangoJSONEncoder()
+
+#: The Kafka headers the connector configuration of docs/debezium.md writes:
+#: ``id`` is the outbox event router's event id (``table.field.event.id``),
+#: the others come from ``table.fields.additional.placement``.
+HEADERS = ("id", "tenant_id", "type", "outbox_id", "aggregate_type", "aggregate_id", "headers",
+           "created_at")
+
+Headers = Mapping[str, bytes | str | None] | Iterable[tuple[str, bytes | str | None]]
+
+
+# -- the publisher's signature --------------------------------------------------
+
+
+def _as_stored(value: Any) -> Any:
+    """``value`` as a receiver decodes it after PostgreSQL stored it as jsonb.
+
+    Encoded as ``publish()`` encodes it (Django's JSON encoder), then decoded
+    as jsonb writes numbers back: a float Python writes with an exponent
+    (``1e+16``: integral, at or above 10^16) comes back as an integer, and
+    jsonb has no negative zero.
+    """
+    return json.loads(_DJANGO.encode(value), parse_float=_jsonb_number)
+
+
+def _jsonb_number(text: str) -> int | float:
+    if "e+" in text or "E+" in text:
+        return int(Decimal(text))
+    number = float(text)
+    return 0.0 if number == 0 else number
+
+
+def _signed_content(fields: Mapping[str, Any]) -> bytes:
+    return _DOMAIN + _ENCODER.encode(fields).encode("ascii")
+
+
+def _content(*, message_id: Any, tenant_id: int, topic: str, key: str | None,
+             aggregate_type: str | None, aggregate_id: str | None, payload: Any,
+             headers: Mapping[str, Any]) -> dict[str, Any]:
+    """What the publisher signs: the envelope but its id and time, which the database gives."""
+    return {
+        "message_id": str(message_id), "tenant_id": int(tenant_id), "topic": topic, "key": key,
+        "aggregate_type": aggregate_type, "aggregate_id": aggregate_id, "payload": payload,
+        "headers": {k: v for k, v in headers.items() if k != SIGNATURE_HEADER},
+    }
+
+
+def _mac(content: Mapping[str, Any], key: SigningKey) -> str:
+    digest = hmac.digest(key.secret, _signed_content(content), "sha256").hex()
+    return f"{SCHEME}.{key.key_id}.{digest}"
+
+
+def signed_headers(*, message_id: uuid.UUID, tenant_id: int, topic: str, key: str | None,
+                   aggregate_type: str | None, aggregate_id: str | None, payload: Any,
+                   headers: dict[str, Any]) -> dict[str, Any]:
+    """``headers`` with the publisher's signature, when a slot carries the messages.
+
+    ``publish()`` calls it for every message. Unless ``OUTBOX["REPLICATION_SLOT"]``
+    and ``OUTBOX["SIGNING_KEYS"]`` are both set it returns ``headers`` as they
+    are. Otherwise it adds :data:`SIGNATURE_HEADER`: an HMAC-SHA256, with the
+    first key, of everything the envelope says but the message's id and
+    ``created_at`` (the database gives those after the signature is made),
+    taken over the values as a receiver decodes them from the stored jsonb.
+
+    Raises:
+        TypeError: the payload or headers are not JSON-serialisable.
+    """
+    if outbox_settings.REPLICATION_SLOT is None:
+        return headers
+    keys = outbox_settings.SIGNING_KEYS
+    if not keys:
+        return headers
+    content = _content(
+        message_id=message_id, tenant_id=tenant_id, topic=topic, key=key,
+        aggregate_type=aggregate_type, aggregate_id=aggregate_id,
+        payload=_as_stored(payload), headers=_as_stored(headers),
+    )
+    return {**headers, SIGNATURE_HEADER: _mac(content, keys[0])}
+
+
+def verify(data: Mapping[str, Any], keys: Sequence[SigningKey] | None = None) -> None:
+    """Refuse an envelope (as :func:`envelope` returns it) that its publisher did not sign.
+
+    Args:
+        data: the envelope, its headers still holding :data:`SIGNATURE_HEADER`.
+        keys: ``OUTBOX["SIGNING_KEYS"]`` when omitted; with none, every envelope passes.
+
+    Raises:
+        BadSignature: saying why, quoting nothing of the envelope but a key id.
+    """
+    keys = outbox_settings.SIGNING_KEYS if keys is None else keys
+    if not keys:
+        return
+    headers = data.get("headers")
+    mark = headers.get(SIGNATURE_HEADER) if isinstance(headers, Mapping) else None
+    if mark is None:
+        raise BadSignature("it carries no publisher's signature")
+    found = _FORMAT.fullmatch(mark) if isinstance(mark, str) else None
+    if found is None:
+        raise BadSignature(f"its signature is malformed, or not of the scheme {SCHEME}")
+    key = next((k for k in keys if k.key_id == found.group(1)), None)
+    if key is None:
+        raise BadSignature(f'it is signed with key {found.group(1)}, which is not in '
+                           'OUTBOX["SIGNING_KEYS"]')
+    assert isinstance(headers, Mapping)
+    try:
+        expected = _mac(_content(
+            message_id=data["message_id"], tenant_id=data["tenant_id"], topic=data["topic"],
+            key=data["key"], aggregate_type=data["aggregate_type"],
+            aggregate_id=data["aggregate_id"], payload=data["payload"], headers=headers,
+        ), key)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BadSignature("its content cannot be encoded to be verified") from exc
+    if not hmac.compare_digest(expected, mark):
+        raise BadSignature("its signature does not match its content")
+
+
+# -- the receiving side -----------------------------------------------------------
+
+
+def _text(value: bytes | str | None) -> str | None:
+    return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
+def _header_map(headers: Headers) -> dict[str, str | None]:
+    pairs = headers.items() if isinstance(headers, Mapping) else headers
+    found: dict[str, str | None] = {}
+    for name, value in pairs:
+        if name in HEADERS:
+            found[name] = _text(value)
+    return found
+
+
+def _signed_envelope(value: bytes | str | None, headers: Headers,
+                     key: bytes | str | None) -> dict[str, Any]:
+    found = _header_map(headers)
+    missing = [name for name in ("id", "tenant_id", "type", "outbox_id") if not found.get(name)]
+    if missing:
+        raise ValueError(f"not an outbox record: no {', '.join(missing)} header (the connector "
+                         "configuration is in docs/debezium.md)")
+    created = found.get("created_at")
+    payload = _text(value)
+    data = {
+        "id": int(found["outbox_id"] or 0),
+        "message_id": str(uuid.UUID(found["id"] or "")),
+        "tenant_id": int(found["tenant_id"] or 0),
+        "topic": found["type"],
+        "key": _text(key),
+        "aggregate_type": found.get("aggregate_type"),
+        "aggregate_id": found.get("aggregate_id"),
+        "payload": None if payload is None else json.loads(payload),
+        "headers": json.loads(found.get("headers") or "{}") or {},
+        "created_at": (datetime.fromisoformat(created).astimezone(UTC).isoformat()
+                       if created else None),
+    }
+    return {name: data[name] for name in ENVELOPE_KEYS}
+
+
+def envelope(value: bytes | str | None, headers: Headers,
+             key: bytes | str | None = None) -> dict[str, Any]:
+    """The envelope the relay would have sent for a record of the outbox event router.
+
+    Args:
+        value: the record's value: the payload's JSON text
+            (``value.converter`` ``StringConverter``).
+        headers: the record's headers, a mapping or ``(name, value)`` pairs of
+            bytes or text, as Kafka clients return them.
+        key: the record's key: the message's ``key`` (``table.field.event.key``).
+
+    Returns:
+        The keys of :meth:`Message.envelope`, in order, with the same values
+        (the publisher's signature left out of ``headers``); nothing is verified.
+
+    Raises:
+        ValueError: the record lacks the headers that the connector configuration
+            of docs/debezium.md writes.
+    """
+    data = _signed_envelope(value, headers, key)
+    data["headers"] = {k: v for k, v in data["headers"].items() if k != SIGNATURE_HEADER}
+    return data
+
+
+def message(value: bytes | str | None, headers: Headers, key: bytes | str | None = None, *,
+            by: str = "a Debezium record") -> Message:
+    """The :class:`Message` of a record of the outbox event router, its signature checked.
+
+    Hand it to your receivers as they are: a function decorated with
+    :func:`outbox.receiver`, or :func:`outbox.receivers.receive`, takes a
+    Message, runs its handler as the message's tenant and skips a message it
+    has already handled (Debezium delivers at least once)::
+
+        record = consumer.poll()                      # a Kafka client's record
+        order_created(debezium.message(record.value(), record.headers(), record.key()))
+
+    With ``OUTBOX["SIGNING_KEYS"]`` set, a record whose publisher's signature
+    is missing, malformed, made with another key or does not match the record
+    is refused (an ERROR names ``by`` and the message id), as a receiver
+    refuses an envelope the relay did not sign.
+
+    Raises:
+        BadSignature: the signature does not verify.
+        ValueError: not a record of the outbox (see :func:`envelope`).
+    """
+    data = _signed_envelope(value, headers, key)
+    try:
+        verify(data)
+    except BadSignature as exc:
+        logger.error("outbox: %s refused message %s: %s; it is not handled, retried or parked",
+                     by, data["message_id"], exc)
+        raise
+    data["headers"] = {k: v for k, v in data["headers"].items() if k != SIGNATURE_HEADER}
+    return Message.from_envelope(data)
+
+
+# -- the slot -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SlotState:
+    """A logical replication slot as ``pg_replication_slots`` shows it.
+
+    Attributes:
+        name: the slot's name.
+        active: a reader (the connector) is streaming from it now.
+        wal_status: ``reserved``, ``extended``, ``unreserved`` or ``lost``
+            (its WAL was removed: the reader cannot resume).
+        passed_before: the slot has passed every transaction whose id is below
+            this one (an xid8, as ``outbox_messages.xid``): its ``catalog_xmin``,
+            which PostgreSQL moves only once the reader has confirmed a position
+            past those transactions' commits.
+        retained_bytes: WAL kept for the slot since the position it would
+            restart from.
+    """
+
+    name: str
+    active: bool
+    wal_status: str | None
+    passed_before: int | None
+    retained_bytes: int | None
+
+
+def slot_state(using: str, name: str | None = None) -> SlotState | None:
+    """The slot ``name`` (``OUTBOX["REPLICATION_SLOT"]``) of this database; None: there is none."""
+    name = outbox_settings.REPLICATION_SLOT if name is None else name
+    if name is None:
+        return None
+    with connections[using].cursor() as cursor:
+        cursor.execute(queries("outbox")["replication_slot"], {"slot": name})
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    active, wal_status, passed_before, retained = row
+    return SlotState(name, bool(active), wal_status,
+                     None if passed_before is None else int(passed_before),
+                     None if retained is None else int(retained))
+
+
+def delete_passed_messages(using: str, upto: int, passed_before: int, older_than: float,
+                           limit: int) -> int:
+    """Retention's batch when a slot carries the messages (see :mod:`outbox.retention`).
+
+    Deletes up to ``limit`` messages at or below ``upto``, older than
+    ``older_than`` seconds, whose transaction the slot has passed.
+
+    Returns:
+        How many were deleted (fewer than ``limit``: none is left).
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute(queries("outbox")["delete_decoded_messages"], {
+            "upto": upto, "passed_before": str(passed_before), "older_than": older_than,
+            "limit": limit,
+        })
+        return int(cursor.rowcount)
+
+
+def slot_problems(using: str) -> list[str]:
+    """What is wrong with ``OUTBOX["REPLICATION_SLOT"]``, one line each (empty: nothing).
+
+    A slot that does not exist, that no reader streams from (the connector
+    stopped: messages wait in the outbox and WAL piles up on the server), or
+    whose WAL was removed (``wal_status`` ``lost``: the connector cannot
+    resume from it). Empty when no slot is configured.
+    """
+    name = outbox_settings.REPLICATION_SLOT
+    if name is None:
+        return []
+    state = slot_state(using, name)
+    where = f"replication slot {name}"
+    if state is None:
+        return [f"{where}: does not exist in this database (the connector's slot.name); "
+                "no message is reaped until it does"]
+    problems: list[str] = []
+    if state.wal_status == "lost":
+        problems.append(f"{where}: its WAL was removed (wal_status lost): the connector cannot "
+                        "resume from it; messages it had not passed are still in the outbox "
+                        "(docs/debezium.md)")
+    if not state.active:
+        retained = ("" if state.retained_bytes is None
+                    else f", {state.retained_bytes} bytes of WAL kept for it")
+        problems.append(f"{where}: no connector is reading from it{retained}; messages "
+                        "wait in the outbox")
+    return problems
+
+
+# -- the opt-in -------------------------------------------------------------------
+
+_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+def identifier(value: str, what: str) -> str:
+    """``value`` if it is a plain lower-case SQL identifier, else ValueError naming ``what``."""
+    if not _IDENTIFIER.fullmatch(value):
+        raise ValueError(f"{what} must be a lower-case SQL identifier (letters, digits, _), "
+                         f"not {value!r}")
+    return value
+
+
+def forward_sql(publication: str, role: str) -> str:
+    """The SQL the opt-in migration runs (as the owner role, with migrate)."""
+    identifier(publication, "the publication")
+    identifier(role, "the connector's role")
+    return f"""\
+-- The connector's role logs in with REPLICATION; creating such a role takes a
+-- superuser, so migrate (the owner) only checks that it is there:
+--     CREATE ROLE {role} LOGIN REPLICATION PASSWORD '...';
+DO $check$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{role}' AND rolreplication
+                                          AND rolcanlogin) THEN
+        RAISE EXCEPTION 'outbox: the role {role} (LOGIN REPLICATION) does not exist'
+              USING HINT = 'As a superuser: CREATE ROLE {role} LOGIN REPLICATION '
+                           'PASSWORD ''...''; then migrate again.';
+    END IF;
+END
+$check$;
+
+-- Inserts only: the outbox is append-only, and retention's deletes must not
+-- reach the connector (the event router would drop them anyway). An insert-only
+-- publication needs no replica identity beyond the table's own (its primary key).
+CREATE PUBLICATION {publication} FOR TABLE outbox_messages WITH (publish = 'insert');
+
+-- Debezium reads the table's columns when it starts; with snapshot.mode
+-- no_data it reads no row (and row-level security would show it none).
+GRANT SELECT ON outbox_messages TO {role};
+"""
+
+
+def reverse_sql(publication: str, role: str) -> str:
+    """The SQL that undoes :func:`forward_sql` (``migrate <app> <previous>``)."""
+    identifier(publication, "the publication")
+    identifier(role, "the connector's role")
+    return f"""\
+REVOKE SELECT ON outbox_messages FROM {role};
+DROP PUBLICATION IF EXISTS {publication};
+"""
+
+
+def migration_source(dependencies: Sequence[tuple[str, str]], publication: str,
+                     role: str) -> str:
+    """The text of the opt-in migration, depending on ``dependencies``."""
+    forward = forward_sql(publication, role)
+    reverse = reverse_sql(publication, role)
+    return f'''\
+"""Debezium reads outbox_messages: its publication and its role's grant.
+
+Written by `manage.py outbox_debezium_migration` (django-idempotency-outbox,
+docs/debezium.md). Review it, commit it, run migrate as the owner role;
+`migrate <this app> <the previous migration>` undoes it.
+"""
+
+from django.db import migrations
+
+FORWARD = """
+{forward}"""
+
+REVERSE = """
+{reverse}"""
+
+
+class Migration(migrations.Migration):
+    dependencies = {list(dependencies)!r}
+
+    operations = [migrations.RunSQL(FORWARD, REVERSE)]
+'''
