@@ -123,6 +123,7 @@ RETURNING recovery_point
 -- The reaper's batch of pending keys nobody has touched for a long time,
 -- chosen and locked in the UPDATE itself (SKIP LOCKED: a request that holds one
 -- is working on it), oldest first, by the database clock.
+-- Across tenants: the reaper's batch (the system role), oldest keys of any tenant.
 UPDATE idempotency_keys
    SET state = %(state)s, status_code = %(status_code)s, response = %(response)s,
        response_headers = %(response_headers)s::jsonb, completed_at = clock_timestamp(),
@@ -146,7 +147,7 @@ SET LOCAL synchronous_commit = off
 -- in the DELETE itself, skipping rows a live request holds (SKIP LOCKED),
 -- oldest first, by the database clock (DELETE has no LIMIT).
 DELETE FROM idempotency_keys
- WHERE ctid = ANY(ARRAY(
+ WHERE tenant_id = %(tenant_id)s AND ctid = ANY(ARRAY(
        SELECT ctid FROM idempotency_keys
         WHERE tenant_id = %(tenant_id)s AND expires_at <= now() AND state <> 'pending'
         ORDER BY expires_at

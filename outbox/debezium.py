@@ -34,12 +34,12 @@ from decimal import Decimal
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import connections
 
-from django_idempotency_outbox.sqlfiles import queries
 from outbox.conf import SigningKey, outbox_settings
 from outbox.exceptions import BadSignature
+from outbox.store import SQL
 from outbox.stream import ENVELOPE_KEYS, Message
+from tenancy.statements import execute
 
 logger = logging.getLogger("outbox")
 
@@ -298,8 +298,7 @@ def slot_state(using: str, name: str | None = None) -> SlotState | None:
     name = outbox_settings.REPLICATION_SLOT if name is None else name
     if name is None:
         return None
-    with connections[using].cursor() as cursor:
-        cursor.execute(queries("outbox")["replication_slot"], {"slot": name})
+    with execute(using, SQL["replication_slot"], {"slot": name}) as cursor:
         row = cursor.fetchone()
     if row is None:
         return None
@@ -319,11 +318,9 @@ def delete_passed_messages(using: str, upto: int, passed_before: int, older_than
     Returns:
         How many were deleted (fewer than ``limit``: none is left).
     """
-    with connections[using].cursor() as cursor:
-        cursor.execute(queries("outbox")["delete_decoded_messages"], {
-            "upto": upto, "passed_before": str(passed_before), "older_than": older_than,
-            "limit": limit,
-        })
+    params = {"upto": upto, "passed_before": str(passed_before), "older_than": older_than,
+              "limit": limit}
+    with execute(using, SQL["delete_decoded_messages"], params) as cursor:
         return int(cursor.rowcount)
 
 

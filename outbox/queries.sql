@@ -140,6 +140,7 @@ UPDATE consumer_offsets
 -- Rewinding: the position just before a message is its id - 1 in the id
 -- delivery order. There is no index on message_id: an operator's one-off
 -- lookup scans the outbox.
+-- Across tenants: an operator's rewind of the relay, which passes every tenant's messages.
 SELECT m.id - 1, m.message_id, m.created_at FROM outbox_messages AS m
  WHERE m.message_id = %(message_id)s
 
@@ -149,17 +150,20 @@ SELECT m.id - 1, m.message_id, m.created_at FROM outbox_messages AS m
 -- not the delivery order (a transaction that started earlier may take a
 -- larger id), hence "first in order": every message published since has an
 -- id at least this one's.
+-- Across tenants: an operator's rewind of the relay, which passes every tenant's messages.
 SELECT m.id - 1, m.message_id, m.created_at FROM outbox_messages AS m
  WHERE m.created_at >= %(since)s ORDER BY m.id LIMIT 1
 
 -- name: oldest_mark
 -- Rewinding: the oldest message still kept.
+-- Across tenants: an operator's rewind of the relay, which passes every tenant's messages.
 SELECT m.id - 1, m.message_id, m.created_at FROM outbox_messages AS m
  ORDER BY m.created_at LIMIT 1
 
 -- name: count_between
 -- Rewinding: the messages a reader moved back to after reads again (those
 -- after it that the position had passed), per topic, along the delivery index.
+-- Across tenants: an operator's rewind of the relay, which passes every tenant's messages.
 SELECT m.topic, count(*) FROM outbox_messages AS m
  WHERE m.id > %(after)s AND m.id <= %(upto)s
    AND m.id <= coalesce((%(held)s::jsonb ->> m.tenant_id::text)::bigint, m.id)
@@ -196,6 +200,7 @@ VALUES (%(tenant_id)s, %(consumer)s, %(message_pk)s, %(message_id)s, %(topic)s, 
 -- name: delete_passed_messages
 -- Retention: a bounded batch along the delivery index, up to a position
 -- (DELETE has no LIMIT).
+-- Across tenants: retention (the system role), along the one delivery order of every tenant.
 DELETE FROM outbox_messages
  WHERE (tenant_id, id) IN (
         SELECT tenant_id, id FROM outbox_messages
@@ -218,6 +223,8 @@ DELETE FROM outbox_received
 -- (tenant_id, id) ranges, the committed messages it has not passed, the first
 -- of them in delivery order (its age by the database clock, and its tenant),
 -- the head's failure, and the lease by the database clock.
+-- Across tenants: status and health (the system role): every reader's place in
+-- the one delivery order.
 SELECT o.name, o.partition, o.partition_count, o.last_id, o.held::text,
        (SELECT count(*) FROM outbox_messages AS m WHERE m.id > o.last_id)
          + coalesce((SELECT sum((SELECT count(*) FROM outbox_messages AS m
@@ -260,6 +267,7 @@ SELECT outbox_last_id_v2()
 -- pg_read_all_stats. A prepared transaction has no backend: its
 -- transaction-id lock, under the same virtual transaction, leads to its gid.
 -- Each publisher's waiting messages are counted along (tenant_id, id).
+-- Across tenants: status (the system role): the publishers in flight, whoever their tenants.
 WITH p AS (
     SELECT o.virtualtransaction, o.pid,
            coalesce(array_agg(DISTINCT o.tenant_id) FILTER (WHERE o.tenant_id IS NOT NULL),
@@ -289,6 +297,7 @@ SELECT p.pid, p.tenants, p.any_tenant, p.bound,
 -- Status: the committed messages above the lowest bound of a publisher for any
 -- tenant (if one is in flight), and, below it, per tenant held back, those
 -- above the lowest bound naming it, along (tenant_id, id).
+-- Across tenants: status (the system role): what every publisher in flight holds back.
 SELECT (SELECT count(*) FROM outbox_messages AS m WHERE m.id > %(everyone)s)
        + coalesce(sum((SELECT count(*) FROM outbox_messages AS m
                         WHERE m.tenant_id = w.tenant AND m.id > w.bound
