@@ -1538,6 +1538,14 @@ CATALOGUE: list[Mutant] = [
         (TENANCY + "test_backend.py",),
     ),
     mutant(
+        "backend.health-check-carries-held", "tenancy.backends.postgresql",
+        "what is held goes with the next statement, not with a connection health check",
+        "tenancy/backends/postgresql/base.py",
+        "            self.close_if_health_check_failed()\n            self.ensure_connection()",
+        "            self.ensure_connection()",
+        (TENANCY + "test_backend.py", "tests/test_session_state.py"),
+    ),
+    mutant(
         "backend.copy-before-held", "tenancy.backends.postgresql",
         "a COPY sends what is held (the transaction's BEGIN) before it",
         "tenancy/backends/postgresql/base.py",

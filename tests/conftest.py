@@ -136,6 +136,16 @@ def pooler():
 
 
 @pytest.fixture
+def bare_pooler():
+    """The same, without the reset docs/scaling.md asks of pgbouncer: a setting one borrower
+    SET at session level meets the next, so the library's own defences are seen alone."""
+    from tests.pooler import pool_of_one
+
+    with pool_of_one(reset=False) as running:
+        yield running
+
+
+@pytest.fixture
 def fresh():
     """The app alias on a new connection (a new server session), closed again after the test."""
     from tests.helpers import app_connection

@@ -81,7 +81,9 @@ class Pooler:
         """Run ``sql`` as one borrower of ``alias``'s server session, then hang up.
 
         What the statements leave in the session stays there for the next
-        borrower: in transaction mode pgbouncer resets nothing.
+        borrower, but for session-level settings: pgbouncer runs ``RESET ALL``
+        on the session before it lends it again (``server_reset_query``, as
+        docs/scaling.md configures it).
         """
         with self.connect(alias) as conn:
             for statement in sql:
@@ -123,8 +125,12 @@ class Pooler:
 
 
 @contextlib.contextmanager
-def pool_of_one() -> Iterator[Pooler]:
+def pool_of_one(*, reset: bool = True) -> Iterator[Pooler]:
     """Start a pgbouncer (``pool_size = 1``, transaction mode) in front of the test cluster.
+
+    ``reset``: it resets every session-level setting before it lends a server
+    session again, as docs/scaling.md configures pgbouncer; without, a setting
+    one borrower SET meets the next (a deployment that left it out).
 
     Its files live in a directory of its own under /var/tmp (as root it runs
     as the ``postgres`` account, which must reach them); the process is
@@ -155,6 +161,8 @@ auth_type = scram-sha-256
 auth_file = {workdir}/userlist.txt
 pool_mode = transaction
 default_pool_size = 1
+server_reset_query = {"RESET ALL" if reset else ""}
+server_reset_query_always = {int(reset)}
 max_client_conn = 100
 server_login_retry = 1
 log_connections = 0

@@ -138,7 +138,24 @@ def test_session_advisory_locks_left_behind_hold_nothing_back(pooler, alices_ord
     assert held == [202, 200, 200]
 
 
+#: What one borrower's SQL may SET at session level (docs/scaling.md): each would make
+#: every later request on that server session fail, or run as tenant 1, or weaken it.
+LEFT_SETTINGS = [
+    "SET default_transaction_read_only = on",
+    "SET row_security = off",
+    "SET search_path = pg_catalog",
+    "SET statement_timeout = 1",
+    "SET lock_timeout = 0",
+    "SET idle_in_transaction_session_timeout = 0",
+    "SET synchronous_commit = off",
+    "SET default_transaction_isolation = 'serializable'",
+]
+
+
 def test_session_settings_left_behind_change_nothing_for_the_next_tenant(pooler, alices_order):
+    """pgbouncer resets what a borrower SET before the next one borrows the session
+    (server_reset_query, docs/scaling.md): the next tenant's requests, the library's
+    flows and code outside any tenant context see none of it."""
     app = app_alias()
     token = ""
     if tenancy_settings.VERIFIED_CONTEXT is not None:
@@ -153,30 +170,34 @@ def test_session_settings_left_behind_change_nothing_for_the_next_tenant(pooler,
             f"SET app.tenant_id = '{A}'",
             f"SET app.tenant_token = '{token}'",
             f"SET ROLE {settings.DATABASES[alias]['USER']}",  # the only role within reach
-            "SET search_path = pg_temp, public",
+            *LEFT_SETTINGS,
         )
     # No other role is within reach: the app and worker roles belong to none.
     with pooler.connect(app) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
         conn.execute(f"SET ROLE {settings.DATABASES[worker_alias()]['USER']}")
     with pooler.routed(*aliases().values()):
-        with pooler.connect(app) as conn:  # the settings are there, in the one session
-            assert conn.execute("SELECT current_setting('app.tenant_id')").fetchone() == ("1",)
+        with pooler.connect(app) as conn:  # the one session, reset
+            assert conn.execute(
+                "SELECT count(*) FROM pg_settings WHERE source = 'session'"
+                " AND name NOT IN ('application_name', 'client_encoding', 'DateStyle',"
+                " 'TimeZone', 'standard_conforming_strings', 'IntervalStyle')"
+            ).fetchone() == (0,)
+            assert conn.execute(
+                "SELECT current_setting('app.tenant_id', true)").fetchone()[0] in (None, "")
         the_librarys_flows_for_tenant_2()
+        api = APIClient()
+        created = api.post("/orders/", {"sku": "tea"}, format="json",
+                           headers={"X-User": "bob", "Idempotency-Key": "after-the-settings"})
         with app_atomic():
             outside_any_context = Order.objects.count()
-    if tenancy_settings.VERIFIED_CONTEXT is not None:
-        # The session's tenant 1 and its token open nothing: the token was bound to a
-        # transaction long gone.
-        assert outside_any_context == 0
-    else:
-        # The plain mode's limit (docs/roles.md): code outside tenant_context() on that
-        # session runs as the tenant left in it. The library's own flows never do.
-        assert outside_any_context == 1
+    assert created.status_code == 201, created.content
+    assert outside_any_context == 0  # no tenant left in the session, in either mode
 
 
 def test_an_empty_search_path_left_in_a_worker_session_stops_no_consumer_or_relay(
-    pooler, alices_order
+    bare_pooler, alices_order
 ):
+    pooler = bare_pooler
     """A worker-role borrower (a consumer handler's SQL, say) empties its session's
     search_path: the library's own statements on the worker alias name their schema
     themselves (pinned), so the next borrower's batches, relay rounds and leases work."""
@@ -269,7 +290,8 @@ def test_pooled_sessions_come_back_from_the_librarys_flows_holding_nothing(poole
             the_librarys_flows_for_tenant_2()
 
 
-def test_the_check_sees_each_kind_of_state_it_looks_for(pooler):
+def test_the_check_sees_each_kind_of_state_it_looks_for(bare_pooler):
+    pooler = bare_pooler
     # The check itself can fail: each kind, left on purpose, is reported.
     app = app_alias()
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, close_old_connections, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 from tenancy import tenant_context
@@ -198,3 +198,15 @@ def test_a_connection_lost_under_held_statements_leaves_nothing_held_for_the_nex
             cursor.execute("SELECT 1")
             assert cursor.fetchone() == (1,)
     assert held_nothing()
+
+
+def test_what_is_held_goes_with_the_next_statement_even_after_a_health_check():
+    """With CONN_HEALTH_CHECKS, the first cursor of a request first checks the connection
+    with a query of its own: it must not carry what was held for the statement after it."""
+    with connection_settings(app_alias(), CONN_MAX_AGE=None, CONN_HEALTH_CHECKS=True):
+        app_connection().ensure_connection()
+        close_old_connections()  # a new request: the connection is checked on its next use
+        app_connection().prefix("SET LOCAL app.tenant_id = '7'")
+        with app_connection().cursor() as cursor:
+            cursor.execute("SELECT current_setting('app.tenant_id', true)")
+            assert cursor.fetchone() == ("7",)

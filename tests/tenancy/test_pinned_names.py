@@ -104,7 +104,7 @@ class Direct:
 def route(request, temporary_allowed):
     if request.param == "direct":
         return Direct()
-    return request.getfixturevalue("pooler")
+    return request.getfixturevalue("bare_pooler")  # no reset: the pins stand alone
 
 
 def session(alias: str, sql: str):

@@ -360,7 +360,9 @@ class DatabaseWrapper(_DjangoWrapper):  # type: ignore[misc]
         sql = "; ".join(statements)
         if held and not self.execute_wrappers:
             # Nobody wraps execute(): no cursor needed. Query logging records
-            # it as it records BEGIN and COMMIT.
+            # it as it records BEGIN and COMMIT. The health check a cursor
+            # would run first runs now, or its SELECT 1 would carry this.
+            self.close_if_health_check_failed()
             self.ensure_connection()
             self.held.add(sql, len(statements))
             if self.queries_logged:
