@@ -59,7 +59,7 @@ class ConditionFilter(admin.SimpleListFilter):
         return None if chosen is None else queryset.filter(chosen[1])
 
     def get_facet_counts(self, pk_attname: str, filtered_qs: QuerySet[Any]) -> dict[str, Any]:
-        return {f"{i}__c": Count("*", filter=condition)
+        return {f"{i}__c": Count(pk_attname, filter=condition)
                 for i, (_, condition) in enumerate(self.conditions.values())}
 
 

@@ -303,17 +303,25 @@ def describe(job: ParkedJob) -> str:
 def work(
     *, batch_size: int = JOB_BATCH, owner: str | None = None,
     progress: Callable[[ParkedJob], None] | None = None,
+    stop: Callable[[], bool] = lambda: False,
 ) -> list[ParkedJob]:
     """Work every job that is queued, or whose worker stopped writing, to its end.
+
+    Args:
+        batch_size: rows between two writes of a job's progress.
+        owner: this worker's name in the jobs' lease (default host:pid:random).
+        progress: called with the job after each batch.
+        stop: asked between batches; once true, the job in hand is left where
+            it got to, its lease let go (the next worker goes on at once).
 
     Returns the jobs this call finished (or failed), in order. A job that
     another worker holds is left to it; two workers never share one.
     """
     owner = owner or f"{_process()}:{uuid.uuid4().hex[:8]}"
     finished = []
-    while (job := _claim(owner)) is not None:
-        _run(job, owner, batch_size, progress)
-        finished.append(job)
+    while not stop() and (job := _claim(owner)) is not None:
+        if _run(job, owner, batch_size, progress, stop):
+            finished.append(job)
     return finished
 
 
@@ -336,9 +344,13 @@ def _claim(owner: str) -> ParkedJob | None:
 
 
 def _run(job: ParkedJob, owner: str, batch_size: int,
-         progress: Callable[[ParkedJob], None] | None) -> None:
+         progress: Callable[[ParkedJob], None] | None, stop: Callable[[], bool]) -> bool:
+    """Work ``job`` until it ends (True), or ``stop`` says so or its lease is lost (False)."""
     jobs = ParkedJob.objects.using(system_alias()).filter(pk=job.pk, lease_owner=owner)
     while True:
+        if stop():
+            jobs.update(lease_owner="", lease_until=None)
+            return False
         batch = [
             (int(t), int(i)) for t, i in matching(job)
             .filter(pk__gt=(job.after_tenant_id, job.after_id))
@@ -359,20 +371,21 @@ def _run(job: ParkedJob, owner: str, batch_size: int,
                         lease_owner="", lease_until=None)
             job.refresh_from_db(using=system_alias())
             _finished(job)
-            return
+            return True
         job.after_tenant_id, job.after_id = batch[-1]
         if not jobs.update(after_tenant_id=job.after_tenant_id, after_id=job.after_id,
                            handled=F("handled") + counts[0], failed=F("failed") + counts[1],
                            missing=F("missing") + counts[2], lease_until=Now() + JOB_LEASE):
             logger.warning("outbox: job %d was taken over by another worker; %s stops", job.pk,
                            owner)
-            return
+            return False
         job.refresh_from_db(using=system_alias())
         if progress is not None:
             progress(job)
     jobs.update(state=ParkedJob.State.DONE, finished_at=Now(), lease_owner="", lease_until=None)
     job.refresh_from_db(using=system_alias())
     _finished(job)
+    return True
 
 
 def _finished(job: ParkedJob) -> None:
@@ -386,11 +399,6 @@ def _finished(job: ParkedJob) -> None:
     logger.warning("outbox: %s for %s", text, job.requested_by)
     if job.user_id is not None:
         audit(job.user_id, ParkedJob, str(job.pk), str(job), CHANGE, text)
-
-
-def wait_for_jobs_hint() -> str:
-    return ("run `manage.py outbox_parked --work` (or the outbox.work_parked_jobs task) where "
-            "the consumers' code is installed")
 
 
 # -- who did what ------------------------------------------------------------------
