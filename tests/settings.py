@@ -103,6 +103,7 @@ USE_TZ = True
 TIME_ZONE = "UTC"
 ROOT_URLCONF = "tests.testapp.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+STATIC_URL = "static/"
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -110,6 +111,7 @@ INSTALLED_APPS = [
     "django.contrib.auth",
     "django.contrib.sessions",
     "django.contrib.messages",
+    "django.contrib.staticfiles",  # the admin's CSS and JS, for the browser tests
     "rest_framework",
     "tenancy",
     "idempotency",
