@@ -134,7 +134,7 @@ class IdempotencyKeyAdmin(CrossTenantAdmin):
 
     @admin.display(description="key", ordering="key")
     def page(self, obj: IdempotencyKeyRecord) -> str:
-        query = urlencode({"tenant_id": obj.tenant_id, "scope": obj.scope, "key": obj.key})
+        query = urlencode({"tenant_id": str(obj.tenant_id), "scope": obj.scope, "key": obj.key})
         url = reverse("admin:idempotency_idempotencykeyrecord_page") + "?" + query
         return format_html('<a href="{}">{}</a>', url, obj.key)
 

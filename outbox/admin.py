@@ -25,6 +25,7 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.models import LogEntry
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -55,12 +56,17 @@ def _user(request: HttpRequest) -> str:
     return f"{request.user.get_username()} (admin)"
 
 
+def _audit(request: HttpRequest, *args: Any) -> None:
+    """Django's admin log, as the request's user."""
+    audit(int(str(request.user.pk)), *args)
+
+
 def _filter_of(request: HttpRequest) -> dict[str, Any]:
     """The parked messages' list filter, from its query string, for a job."""
     tenants = admin_tenants(request)
     chosen = request.GET.get("tenant_id")
     if chosen:
-        wanted = {int(chosen)}
+        wanted = frozenset([int(chosen)])
         tenants = wanted if tenants is None else wanted & tenants
     return {
         "consumer": request.GET.get("consumer") or None,
@@ -100,7 +106,7 @@ def _ask_for_job(
         rows = [(int(t), int(i)) for t, i in queryset.values_list("tenant_id", "id")]
         job = enqueue(action, rows=rows, tenants=admin_tenants(request),
                       requested_by=_user(request), user_id=request.user.pk)
-    audit(request.user.pk, ParkedJob, str(job.pk), str(job), CHANGED,
+    _audit(request, ParkedJob, str(job.pk), str(job), CHANGED,
           f"asked to {verb} {job.total} parked message(s) as job {job.pk}")
     modeladmin.message_user(
         request,
@@ -160,7 +166,7 @@ class ParkedMessageAdmin(CrossTenantAdmin):
     search_fields = ["key"]  # the box; get_search_results searches
     search_help_text = "Key, topic, consumer, error text or message id."
     actions = [redrive_selected, discard_selected]
-    paginator = admin.ModelAdmin.paginator  # the dead-letter table is counted exactly
+    paginator = Paginator  # type: ignore[assignment]  # the dead letters are counted exactly
 
     @admin.display(description="tenant/id", ordering="id")
     def message(self, obj: ParkedMessageRecord) -> str:
@@ -232,7 +238,7 @@ class ParkedMessageAdmin(CrossTenantAdmin):
                 return HttpResponseRedirect(here)
             outcome = ("handled" if result.handled else "failed again" if result.failed
                        else "no longer parked")
-            audit(request.user.pk, ParkedMessageRecord, object_id, str(row), CHANGED,
+            _audit(request, ParkedMessageRecord, object_id, str(row), CHANGED,
                   f"re-drove {object_id}: {outcome}")
             if result.failed:
                 self.message_user(request, f"Re-driving {object_id} failed again; the new "
@@ -250,7 +256,7 @@ class ParkedMessageAdmin(CrossTenantAdmin):
                 }
                 return TemplateResponse(request, "admin/outbox/confirm_parked.html", context)
             gone = discard([(row.tenant_id, row.id)], by=_user(request))
-            audit(request.user.pk, ParkedMessageRecord, object_id, str(row), DELETED,
+            _audit(request, ParkedMessageRecord, object_id, str(row), DELETED,
                   f"discarded {object_id} unhandled" if gone else
                   f"discard of {object_id}: no longer parked")
             self.message_user(request, f"Discarded {object_id}." if gone else
@@ -268,7 +274,7 @@ class ParkedJobAdmin(CrossTenantAdmin):
         "missing", to_the_second("created_at", "asked at"),
         to_the_second("finished_at", "finished at"), "last_error",
     ]
-    list_display_links = ["id"]
+    list_display_links: Any = ["id"]
     list_filter = ["state", "action"]
     actions = None
     tenant_field = None

@@ -82,7 +82,7 @@ def to_the_second(field: str, description: str | None = None) -> Callable[[Any],
     return column
 
 
-class CappedPaginator(Paginator):
+class CappedPaginator(Paginator):  # type: ignore[type-arg]
     """Counts at most ``cap`` rows (then says ``cap + 1``).
 
     Django's changelist counts the filtered rows on every page view; on a table
@@ -114,7 +114,7 @@ class TenantFilter(admin.SimpleListFilter):
     def has_output(self) -> bool:
         return True
 
-    def choices(self, changelist: Any) -> Iterator[dict[str, Any]]:
+    def choices(self, changelist: Any) -> Iterator[Any]:
         others = [
             (name, value)
             for name, values in sorted(changelist.get_filters_params().items())
@@ -149,7 +149,7 @@ class CrossTenantAdmin(_Base):
     delete permission themselves (:meth:`may`).
     """
 
-    list_display_links = None
+    list_display_links: Any = None
     show_full_result_count = False
     paginator = CappedPaginator
     #: The column holding the tenant (None: the table has no tenants).

@@ -54,7 +54,7 @@ def seed(count: int, consumer: str = "orders", topic: str = "order.placed",
 
 
 def worker(log: Path) -> subprocess.Popen[bytes]:
-    """``manage.py outbox_parked --work --every 0.5``, as an operator runs it beside the consumers."""
+    """``outbox_parked --work --every 0.5``, as an operator runs it beside the consumers."""
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
     with log.open("wb") as out:
         return subprocess.Popen(
@@ -102,7 +102,8 @@ def test_an_operator_redrives_ten_thousand_parked_messages_from_the_admin(
     click_and_wait(browser, browser.find_element(By.CSS_SELECTOR, ".actions button[name=index]"))
     assert "Re-drive 10000 parked message(s)?" in browser.title, browser.find_element(
         By.ID, "content").text[:600]
-    click_and_wait(browser, browser.find_element(By.CSS_SELECTOR, "input[value='Yes, re-drive them']"))
+    yes = browser.find_element(By.CSS_SELECTOR, "input[value='Yes, re-drive them']")
+    click_and_wait(browser, yes)
     asked = time.monotonic() - started
     assert "/admin/outbox/parkedjob/" in browser.current_url
     assert "will re-drive 10000 parked message(s) in the background" in browser.find_element(
@@ -168,6 +169,7 @@ def test_a_message_is_redriven_from_its_page_and_the_error_column_fits_1500_pixe
     assert browser.find_element(By.ID, "attempts").text == "6"
     assert "re-drove" in browser.find_element(By.ID, "history").text
     click_and_wait(browser, browser.find_element(By.ID, "discard"))
-    click_and_wait(browser, browser.find_element(By.CSS_SELECTOR, "input[value='Yes, discard it']"))
+    yes = browser.find_element(By.CSS_SELECTOR, "input[value='Yes, discard it']")
+    click_and_wait(browser, yes)
     assert browser.current_url.endswith(PARKED)
     assert count_rows("outbox_dead_letters") == 1

@@ -123,3 +123,14 @@ def test_it_is_read_only(staff, keys):
     assert staff.post(URL + "done-a/delete/").status_code in (302, 403, 404)
     with observer() as conn:
         assert conn.execute("SELECT count(*) FROM idempotency_keys").fetchone()[0] == 4
+
+
+def test_the_row_count_stops_at_its_cap(staff, keys, monkeypatch):
+    from tenancy.admin import CappedPaginator
+
+    monkeypatch.setattr(CappedPaginator, "cap", 2)
+    with CaptureQueriesContext(connections["system"]) as seen:
+        text = staff.get(URL).content.decode()
+    assert "3 idempotency keys" in text  # 4 keys: "more than 2"
+    [count] = [q["sql"] for q in seen.captured_queries if "COUNT(" in q["sql"].upper()]
+    assert "LIMIT 3" in count and "ORDER BY" not in count.upper()

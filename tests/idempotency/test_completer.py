@@ -155,7 +155,7 @@ def test_the_reaper_keeps_pending_keys_and_reports_them(abandoned, gateway):
     assert report.deleted == 0 and count_rows("idempotency_keys") == 1
     assert report.stuck_count == 1
     stuck = report.stuck[0]
-    assert (stuck.recovery_point, stuck.expired, stuck.completable) == (
+    assert (stuck.recovery_point, stuck.expired, stuck.scope in report.completable) == (
         "payment_created", True, True)
     out = io.StringIO()
     call_command("reap_idempotency_keys", stdout=out)
