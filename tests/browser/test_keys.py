@@ -34,7 +34,6 @@ def test_an_operator_reads_a_keys_stored_answer(browser, server, operator):
     assert "checkout-other-tenant" not in listed
     click_and_wait(browser, browser.find_element(By.LINK_TEXT, "Completed"))
     assert "capture-2b9e" not in browser.find_element(By.ID, "result_list").text
-    screenshot(browser, "admin-idempotency-keys.png")
     click_and_wait(browser, browser.find_element(By.LINK_TEXT, "checkout-7f3a"))
     assert browser.find_element(By.ID, "status").text == "201"
     assert "/orders/1017/" in browser.find_element(By.ID, "answer").text

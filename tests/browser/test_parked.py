@@ -128,7 +128,6 @@ def test_an_operator_redrives_ten_thousand_parked_messages_from_the_admin(
     assert browser.find_element(By.ID, "progress").text == "10000 of 10000 (100%)"
     assert browser.find_element(By.ID, "handled").text == "10000"
     assert browser.find_element(By.ID, "failed").text == "0"
-    screenshot(browser, "admin-parked-job.png")
     assert count_rows("outbox_dead_letters", "consumer = 'orders'") == 0
     assert count_rows("outbox_dead_letters", "consumer = 'orders-slow'") == 3  # not matched
     with observer() as conn:
