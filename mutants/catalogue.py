@@ -1604,8 +1604,9 @@ CATALOGUE: list[Mutant] = [
         "admin.job-cursor-not-kept", "outbox.deadletters",
         "a job's worker that dies is followed by one that goes on from where it stopped",
         "outbox/deadletters.py",
-        "        if not jobs.update(after_tenant_id=job.after_tenant_id, after_id=job.after_id,\n",
-        "        if not jobs.update(\n",
+        "                  state=ParkedJob.State.RUNNING, started_at=Coalesce(\"started_at\", Now()))\n",
+        "                  state=ParkedJob.State.RUNNING, started_at=Coalesce(\"started_at\", Now()),\n"
+        "                  after_tenant_id=-1, after_id=0)\n",
         (O_ADMIN + "test_a_job_whose_worker_died_is_taken_over_where_it_stopped",),
     ),
     mutant(
