@@ -38,6 +38,7 @@ from outbox.deadletters import (
     CHANGED,
     DELETED,
     audit,
+    describe,
     discard,
     enqueue,
     redrive,
@@ -287,8 +288,6 @@ class ParkedJobAdmin(CrossTenantAdmin):
 
     @admin.display(description="which messages")
     def what(self, obj: ParkedJob) -> str:
-        from outbox.deadletters import describe
-
         return describe(obj)
 
     @admin.display(description="done")

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.contrib.admin.models import ADDITION, CHANGE, DELETION, LogEntry
+from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.auth import get_user_model
 from django.contrib.contenttypes.models import ContentType
 from django.db import transaction
@@ -420,7 +420,7 @@ def audit(user_id: int, model: type[ParkedJob] | type[ParkedMessageRecord], obje
 
 
 #: The admin log's action flags, for callers of :func:`audit`.
-ADDED, CHANGED, DELETED = ADDITION, CHANGE, DELETION
+CHANGED, DELETED = CHANGE, DELETION
 
 
 def spans(rows: Iterable[Row]) -> str:

@@ -5,6 +5,7 @@ the log lines; staff confined to tenants; reader positions read-only."""
 
 from __future__ import annotations
 
+import html
 import logging
 from datetime import timedelta
 
@@ -53,28 +54,12 @@ def parked():
     }
 
 
-def listed(client, query: str = "") -> set[str]:
+def listed(client, parked, query: str = "") -> set[str]:
+    """The skus of ``parked`` whose rows the list shows (by their tenant/id links)."""
     response = client.get(PARKED + query)
     assert response.status_code == 200
     text = response.content.decode()
-    return {sku for sku in ("fixable", "poison", "other")
-            if f">{_row_of(sku)}<" in text}
-
-
-_ROWS: dict[str, str] = {}
-
-
-def _row_of(sku: str) -> str:
-    return _ROWS[sku]
-
-
-@pytest.fixture(autouse=True)
-def _names(request):
-    if "parked" in request.fixturenames:
-        rows = request.getfixturevalue("parked")
-        _ROWS.update({sku: f"{r.tenant_id}/{r.id}" for sku, r in rows.items()})
-    yield
-    _ROWS.clear()
+    return {sku for sku, row in parked.items() if f">{row.tenant_id}/{row.id}<" in text}
 
 
 def remaining() -> set[str]:
@@ -101,25 +86,27 @@ def log_entries(user: User) -> list[str]:
 
 
 def test_every_tenants_parked_messages_are_listed_and_filtered(staff, parked):
-    assert listed(staff) == {"fixable", "poison", "other"}
-    assert listed(staff, "?tenant_id=2") == {"poison", "other"}
-    assert listed(staff, "?consumer=orders") == {"fixable", "poison"}
-    assert listed(staff, "?topic=order.slow") == {"other"}
-    assert listed(staff, "?q=key-poison") == {"poison"}  # searched by key
-    assert listed(staff, f"?q={parked['fixable'].message_id}") == {"fixable"}  # message id
-    assert listed(staff, "?q=poison+message") == {"poison"}  # and by the error's text
+    assert listed(staff, parked) == {"fixable", "poison", "other"}
+    assert listed(staff, parked, "?tenant_id=2") == {"poison", "other"}
+    assert listed(staff, parked, "?consumer=orders") == {"fixable", "poison"}
+    assert listed(staff, parked, "?topic=order.slow") == {"other"}
+    assert listed(staff, parked, "?q=key-poison") == {"poison"}  # searched by key
+    assert listed(staff, parked, f"?q={parked['fixable'].message_id}") == {"fixable"}
+    assert listed(staff, parked, "?q=poison+message") == {"poison"}  # and by the error's text
     assert "Boom: it failed" in staff.get(PARKED).content.decode()  # the last error line
     assert staff.get(PARKED + "?tenant_id=x").status_code == 302  # Django's "?e=1"
 
 
 def test_a_parked_message_has_a_page_with_the_whole_error_and_the_message(staff, parked):
     row = parked["poison"]
+    frames = "".join(f'  File "shop/step{n}.py", line {n}, in step{n}\n' for n in range(30))
+    error = f"Traceback (most recent call last):\n{frames}Boom: poison message"
     with tenant_context(2):
         DeadLetter.objects.filter(pk=row.pk).update(
             headers={"traceparent": "00-abc-def-01"}, aggregate_type="order",
-            aggregate_id="A-7", parked_at=Now() - timedelta(seconds=3723))
+            aggregate_id="A-7", parked_at=Now() - timedelta(seconds=3723), error=error)
     text = staff.get(page(row)).content.decode()
-    assert "Traceback (most recent call last):\nBoom: poison message" in text  # all of it
+    assert html.escape(error, quote=True) in text  # all of it, every frame
     assert '&quot;poison&quot;: true' in text and "traceparent" in text  # payload, headers
     assert f"{row.message_id}" in text and "order A-7" in text and "key-poison" in text
     assert '<td id="attempts">5</td>' in text
@@ -228,8 +215,7 @@ def test_everything_a_filter_matches_is_one_job_and_later_messages_are_left_alon
 
 
 def test_a_job_whose_worker_died_is_taken_over_where_it_stopped(staff, parked):
-    for n in range(6):
-        park(1, f"bulk-{n}")
+    bulk = [park(1, f"bulk-{n}", payload={"poison": n == 0}) for n in range(6)]
     job = enqueue("redrive", consumer="orders", requested_by="ops")
 
     class Died(Exception):
@@ -238,19 +224,21 @@ def test_a_job_whose_worker_died_is_taken_over_where_it_stopped(staff, parked):
     def die_after_the_first_batch(progress: ParkedJob) -> None:
         raise Died
 
-    with pytest.raises(Died):
+    with pytest.raises(Died):  # its first batch: fixable, bulk-0 (fails again), bulk-1, bulk-2
         work(batch_size=4, progress=die_after_the_first_batch)
     job.refresh_from_db(using="system")
-    assert (job.state, job.handled + job.failed) == ("running", 4)
+    assert (job.state, job.handled, job.failed) == ("running", 3, 1)
     assert work(owner="another") == []  # its lease still holds: nobody shares a job
     ParkedJob.objects.using("system").filter(pk=job.pk).update(lease_until=Now())
     assert [j.pk for j in work(owner="another")] == [job.pk]
     job.refresh_from_db(using="system")
-    assert (job.state, job.handled, job.failed) == ("done", 7, 1)
-    # Each message's effect once: the first batch was not done again.
+    assert (job.state, job.handled, job.failed) == ("done", 6, 2)  # + bulk-3..5, poison
+    # The first batch was not done again: bulk-0 was re-driven once, each effect is once.
     with observer() as conn:
+        assert conn.execute("SELECT attempts FROM outbox_dead_letters WHERE id = %s",
+                            [bulk[0].id]).fetchone() == (6,)
         assert conn.execute("SELECT count(*), count(DISTINCT note) FROM testapp_order"
-                            ).fetchone() == (7, 7)
+                            ).fetchone() == (6, 6)
 
 
 def test_django_delete_selected_is_not_offered(staff, parked):
@@ -310,8 +298,8 @@ def confined(settings):
 
 
 def test_staff_confined_to_a_tenant_see_and_touch_only_its_messages(confined, parked):
-    assert listed(confined) == {"fixable"}
-    assert listed(confined, "?tenant_id=2") == set()
+    assert listed(confined, parked) == {"fixable"}
+    assert listed(confined, parked, "?tenant_id=2") == set()
     assert confined.get(page(parked["poison"])).status_code == 404
     assert confined.post(page(parked["other"]), {"act": "discard", "confirmed": "yes"}
                          ).status_code == 404
