@@ -1744,7 +1744,7 @@ CATALOGUE: list[Mutant] = [
     ),
     mutant(
         "checks.stats-privilege-unchecked", "outbox.checks",
-        "check outbox.W130 names the GRANT the blocker's age needs",
+        "check outbox.I130 names the GRANT the blocker's age needs",
         "outbox/checks.py",
         "        if not seen.reads_all_stats:\n",
         "        if False:\n",

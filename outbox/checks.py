@@ -14,7 +14,7 @@ Its families, registered together by :func:`register`:
   increasing values across sessions (no values cached per session, no
   cycling, a positive increment). ``manage.py
   check --database <alias>`` (and ``migrate``) verifies both.
-- **Seeing what holds delivery back** (``outbox.W130``, tagged ``database``):
+- **Seeing what holds delivery back** (``outbox.I130``, advice, tagged ``database``):
   the system (or admin) alias's role should be a member of
   ``pg_read_all_stats``, or PostgreSQL hides how long a publishing
   transaction has been open, and its query, from ``outbox_status``, the
@@ -132,7 +132,11 @@ def check_fence(
 def check_stats_privilege(
     app_configs: Any = None, databases: Sequence[str] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
-    """outbox.W130: the system (or admin) alias cannot see how long a holder has been open."""
+    """outbox.I130: the system (or admin) alias cannot see how long a holder has been open.
+
+    Advice (an Info), not a warning: the grant is optional, and a deploy that
+    checks with ``--fail-level WARNING`` should not fail for want of it.
+    """
     from outbox.observation import powers
     from tenancy.aliases import admin_alias, system_alias
 
@@ -147,13 +151,13 @@ def check_stats_privilege(
         except DatabaseError:
             continue
         if not seen.reads_all_stats:
-            warnings.append(checks.Warning(
+            warnings.append(checks.Info(
                 f"Database {alias!r}: the role {seen.role} is not a member of pg_read_all_stats: "
                 "outbox_status, outbox_health and dio_outbox_blocker_age_seconds cannot see how "
                 "long a transaction that holds delivery back has been open, nor its query.",
                 hint=f"As a superuser: GRANT pg_read_all_stats TO {seen.role}; "
                 "(docs/operations.md).",
-                id="outbox.W130",
+                id="outbox.I130",
             ))
     return warnings
 

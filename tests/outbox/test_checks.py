@@ -21,7 +21,7 @@ def fence_ids(databases=None) -> list[str]:
     databases = [app_alias(), system_alias()] if databases is None else databases
     return [m.id for m in checks.run_checks(databases=list(databases),
                                             tags=[checks.Tags.database])
-            if m.id and m.id.startswith("outbox.E")]  # outbox.W130: its own test, below
+            if m.id and m.id.startswith("outbox.E")]  # outbox.I130: its own test, below
 
 
 def test_a_migrated_database_passes():
@@ -208,7 +208,7 @@ def test_check_says_what_to_grant_for_the_holders_age(settings):
 
     role = settings.DATABASES[system_alias()]["USER"]
     [warning] = check_stats_privilege(databases=[app_alias(), system_alias()])
-    assert warning.id == "outbox.W130" and f"the role {role} is not" in warning.msg
+    assert warning.id == "outbox.I130" and f"the role {role} is not" in warning.msg
     assert warning.hint.startswith(f"As a superuser: GRANT pg_read_all_stats TO {role};")
     with observer() as conn:
         conn.execute(f"GRANT pg_read_all_stats TO {role}")
