@@ -14,6 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils.http import urlencode
 
 from tenancy import tenant_context
+from tenancy.aliases import admin_alias
 from tests.helpers import observer
 from tests.idempotency.factories import KeyFactory, PendingKeyFactory
 
@@ -72,7 +73,7 @@ def test_filters_for_state_stuck_expired_tenant_and_scope(staff, keys):
 def test_the_counts_are_one_pass_keyed_by_the_row_not_key_in_a_subquery(staff, keys):
     with tenant_context(2):  # the same key in another tenant: not stuck there
         KeyFactory(key="stuck-a", scope="payment.capture", request_path="/p")
-    with CaptureQueriesContext(connections["system"]) as seen:
+    with CaptureQueriesContext(connections[admin_alias()]) as seen:
         text = staff.get(URL + "?_facets=1").content.decode()
     assert "Stuck unfinished (1)" in text and "Not stuck (4)" in text
     assert "Expired (1)" in text and "Live (4)" in text
@@ -129,7 +130,7 @@ def test_the_row_count_stops_at_its_cap(staff, keys, monkeypatch):
     from tenancy.admin import CappedPaginator
 
     monkeypatch.setattr(CappedPaginator, "cap", 2)
-    with CaptureQueriesContext(connections["system"]) as seen:
+    with CaptureQueriesContext(connections[admin_alias()]) as seen:
         text = staff.get(URL).content.decode()
     assert "3 idempotency keys" in text  # 4 keys: "more than 2"
     [count] = [q["sql"] for q in seen.captured_queries if "COUNT(" in q["sql"].upper()]

@@ -19,6 +19,7 @@ from outbox.consumers import ensure_offsets
 from outbox.deadletters import enqueue, spans, work
 from outbox.models import DeadLetter, ParkedJob
 from tenancy import tenant_context
+from tenancy.aliases import system_alias
 from tests.helpers import count_rows, observer
 from tests.outbox.factories import DeadLetterFactory
 from tests.outbox.support.helpers import publish_as
@@ -170,10 +171,10 @@ def test_redriving_a_selection_asks_then_runs_in_the_background(staff, parked):
     assert response.status_code == 200
     text = response.content.decode()
     assert "Re-drive 2 parked message(s)?" in text and "Yes, re-drive them" in text
-    assert ParkedJob.objects.using("system").count() == 0
+    assert ParkedJob.objects.using(system_alias()).count() == 0
 
     response = act(staff, "redrive_selected", rows, True)
-    job = ParkedJob.objects.using("system").get()
+    job = ParkedJob.objects.using(system_alias()).get()
     assert response.status_code == 302 and response["Location"] == f"{JOBS}{job.pk}/change/"
     # Nothing was re-driven inside the request: the job waits for a worker.
     assert remaining() == {"fixable", "poison", "other"} and count_rows("testapp_order") == 0
@@ -181,7 +182,7 @@ def test_redriving_a_selection_asks_then_runs_in_the_background(staff, parked):
     assert "No worker has taken it yet" in staff.get(response["Location"]).content.decode()
 
     assert [j.pk for j in work()] == [job.pk]
-    job.refresh_from_db(using="system")
+    job.refresh_from_db(using=system_alias())
     assert (job.state, job.handled, job.failed, job.missing) == ("done", 1, 1, 0)
     assert remaining() == {"poison", "other"}
     assert count_rows("testapp_order", "tenant_id = 1 AND sku = 'fixable'") == 1
@@ -204,10 +205,10 @@ def test_everything_a_filter_matches_is_one_job_and_later_messages_are_left_alon
     act(staff, "discard_selected", [parked["fixable"]], True, query="?consumer=orders",
         everything=True)
     late = park(1, "late")  # parked after the job was asked for
-    job = ParkedJob.objects.using("system").get()
+    job = ParkedJob.objects.using(system_alias()).get()
     assert (job.consumer, job.total) == ("orders", 7)
     work(batch_size=3)  # three batches
-    job.refresh_from_db(using="system")
+    job.refresh_from_db(using=system_alias())
     assert (job.state, job.handled, job.missing) == ("done", 7, 0)
     assert remaining() == {"other", "late"}
     assert (job.after_tenant_id, job.after_id) == (2, parked["poison"].id)
@@ -226,12 +227,12 @@ def test_a_job_whose_worker_died_is_taken_over_where_it_stopped(staff, parked):
 
     with pytest.raises(Died):  # its first batch: fixable, bulk-0 (fails again), bulk-1, bulk-2
         work(batch_size=4, progress=die_after_the_first_batch)
-    job.refresh_from_db(using="system")
+    job.refresh_from_db(using=system_alias())
     assert (job.state, job.handled, job.failed) == ("running", 3, 1)
     assert work(owner="another") == []  # its lease still holds: nobody shares a job
-    ParkedJob.objects.using("system").filter(pk=job.pk).update(lease_until=Now())
+    ParkedJob.objects.using(system_alias()).filter(pk=job.pk).update(lease_until=Now())
     assert [j.pk for j in work(owner="another")] == [job.pk]
-    job.refresh_from_db(using="system")
+    job.refresh_from_db(using=system_alias())
     assert (job.state, job.handled, job.failed) == ("done", 6, 2)  # + bulk-3..5, poison
     # The first batch was not done again: bulk-0 was re-driven once, each effect is once.
     with observer() as conn:
@@ -277,7 +278,7 @@ def test_staff_who_may_only_view_cannot_act(parked):
         assert client.post(page(parked["fixable"]), {"act": "redrive"}).status_code == 403
         act(client, "discard_selected", [parked["other"]], True, everything=True)
         assert remaining() == {"fixable", "poison", "other"}
-        assert ParkedJob.objects.using("system").count() == 0
+        assert ParkedJob.objects.using(system_alias()).count() == 0
     finally:
         User.objects.all().delete()
 
@@ -311,7 +312,7 @@ def test_staff_confined_to_a_tenant_see_and_touch_only_its_messages(confined, pa
     act(confined, "discard_selected", [parked["poison"]], True)
     work()
     assert remaining() == {"poison", "other"}
-    jobs = ParkedJob.objects.using("system").order_by("id")
+    jobs = ParkedJob.objects.using(system_alias()).order_by("id")
     assert [j.tenants for j in jobs] == [[1], [], [1]]
     assert [j.total for j in jobs] == [1, 0, 0]
 

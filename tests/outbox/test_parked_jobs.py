@@ -10,6 +10,7 @@ from django.core.management import CommandError, call_command
 from outbox.deadletters import enqueue, work
 from outbox.tasks import work_parked_jobs
 from tenancy import tenant_context
+from tenancy.aliases import system_alias
 from tests.helpers import count_rows
 from tests.outbox.factories import DeadLetterFactory
 
@@ -80,8 +81,8 @@ def test_a_worker_told_to_stop_lets_go_of_its_job_between_two_batches():
         return len(asked) > 2  # before the first job, before batch 1, then stop
 
     assert work(batch_size=2, stop=stop) == []
-    job.refresh_from_db(using="system")
+    job.refresh_from_db(using=system_alias())
     assert (job.state, job.handled, job.lease_until) == ("running", 2, None)
     assert [j.pk for j in work(batch_size=2)] == [job.pk]  # at once: no lease to wait out
-    job.refresh_from_db(using="system")
+    job.refresh_from_db(using=system_alias())
     assert (job.state, job.handled) == ("done", 5)

@@ -20,6 +20,7 @@ from outbox import publish
 from outbox.relay import Relay
 from outbox.testing import InMemoryTransport
 from tenancy import tenant_context
+from tenancy.aliases import system_alias
 from tests.helpers import connect, observer
 from tests.idempotency.conftest import Client
 from tests.live import LiveServer, free_port
@@ -220,7 +221,7 @@ def test_lag_parked_and_the_blocker_are_read_at_scrape_time(client):
 def test_the_blockers_age_needs_pg_read_all_stats_and_says_so(client, settings, caplog):
     from outbox import metrics
 
-    role = settings.DATABASES["system"]["USER"]
+    role = settings.DATABASES[system_alias()]["USER"]
     metrics._hinted.clear()
     with connect() as publisher:
         raw_publish(publisher, 1, "order.placed", {"sku": "in flight"})
