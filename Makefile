@@ -1,7 +1,10 @@
 # django-idempotency-outbox — developer entry points.
 #
 #   make demo               the example shop, running, with a narrated scenario (make demo-stop)
-#   make test               the whole suite on a private PostgreSQL (started and stopped here)
+#   make test               the whole suite on a private PostgreSQL (started and stopped here),
+#                           the admin's browser tests in Debian's Chromium included
+#   make screenshots        the browser tests again, saving the admin's pages the docs
+#                           show into docs/img/
 #   make test-pooled        the idempotency, tenancy and outbox suites (and the session-state
 #                           tests) with every alias through a private pgbouncer in transaction
 #                           mode (DIO_POOLED=app,worker,system); tests marked direct_sessions
@@ -44,7 +47,7 @@
 #                           (scripts/services start pgbouncer adds the pooler)
 #   make clean              stop the services, delete .run/ (their data), .venv and dist/
 #
-# PostgreSQL, Redis and pgbouncer come from Debian's packages (apt-get, as root)
+# PostgreSQL, Redis, pgbouncer and Chromium come from Debian's packages (apt-get, as root)
 # and run from .run/ on 127.0.0.1, each on a port it keeps: see scripts/services.
 
 PYTHON ?= python3
@@ -65,7 +68,13 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 test: $(STAMP)
-	@scripts/services run pg redis rabbitmq -- $(BIN)/python -m pytest $(PYTEST_ARGS)
+	@scripts/services run pg redis rabbitmq chromium -- $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The admin's pages in docs/img/, taken by the browser tests (tests/browser) as they run.
+.PHONY: screenshots
+screenshots: $(STAMP)
+	@DIO_SCREENSHOTS=docs/img scripts/services run pg redis chromium -- \
+		$(BIN)/python -m pytest tests/browser $(PYTEST_ARGS)
 
 # Every alias behind the private pgbouncer (transaction pooling): app, worker
 # and system, as docs/scaling.md allows; the outage tests included (the

@@ -13,4 +13,4 @@ app.conf.task_acks_late = True
 # The receivers (shop.tasks.send_receipt) are outbox.ReceiverTask, which also
 # rejects on a lost pool process; these make the app's other tasks do the same.
 app.conf.task_reject_on_worker_lost = True
-app.autodiscover_tasks(["example_project.shop", "idempotency"])
+app.autodiscover_tasks(["example_project.shop", "idempotency", "outbox"])

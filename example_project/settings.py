@@ -78,6 +78,9 @@ MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    # X-Frame-Options: DENY on every answer: no page of the shop (the admin's
+    # re-drive and discard buttons among them) can be framed by another site.
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
 TEMPLATES = [
@@ -154,6 +157,8 @@ CELERY_BEAT_SCHEDULE = {
         "task": "idempotency.tasks.complete_abandoned_keys",
         "schedule": 60.0,
     },
+    # The admin's re-drive and discard jobs: the worker has the consumers' code.
+    "work-parked-jobs": {"task": "outbox.work_parked_jobs", "schedule": 5.0},
 }
 
 GATEWAY_URL = env("GATEWAY_URL", default="http://127.0.0.1:8111")

@@ -28,6 +28,9 @@ class SchemaView(SpectacularAPIView):
             return super().get(request, *args, **kwargs)
 
 
+# The admin's "View site": the API's own pages (its root answers 401 to a browser).
+admin.site.site_url = "/docs/"
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     # Operators' endpoints; in production, route them where only Prometheus and

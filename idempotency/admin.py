@@ -1,32 +1,66 @@
-"""A read-only admin list of idempotency keys, across tenants.
+"""Idempotency keys in Django's admin: a read-only list across tenants, and each key's page.
 
 Rows are read through ``TENANCY["ADMIN_DATABASE"]`` (by default the system
-alias): the app alias, confined by row-level security, would show no rows
-outside a tenant context. Giving the web process cross-tenant credentials is
-a real widening of what a bug in it could reach, so prefer a role of its own
-for this alias (BYPASSRLS, SELECT on ``idempotency_keys`` only), or serve the
-admin from a separate deployment. Staff with the view permission see every
-tenant's keys: grant it accordingly.
+alias; :class:`tenancy.admin.CrossTenantAdmin`): the app alias, confined by
+row-level security, would show no rows outside a tenant context. Giving the
+web process cross-tenant credentials is a real widening of what a bug in it
+could reach, so prefer a role of its own for this alias (BYPASSRLS, SELECT on
+``idempotency_keys`` only), or serve the admin from a separate deployment.
+Staff with the view permission see every tenant's keys, unless
+``TENANCY["ADMIN_TENANTS"]`` confines them.
+
+A key's page shows the answer it replays (status, headers, body) and, in
+phases mode, where it stopped. The list's counts stay cheap on a table of
+millions of keys: no filter lists the table's distinct values (the tenant and
+the scope are typed in), the "show counts" of the state, stuck and expired
+filters are one pass with a condition per choice (never ``key IN
+(subquery)``: a key is unique only with its tenant and scope), and the row
+count stops at 10,000.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import json
+from typing import Any
 
 from django.contrib import admin
-from django.db.models import Q, QuerySet
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, Q, QuerySet
 from django.db.models.functions import Now
-from django.http import HttpRequest
+from django.http import Http404, HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html
+from django.utils.http import urlencode
 
 from idempotency import store
 from idempotency.conf import STUCK_AFTER
-from idempotency.models import IdempotencyKeyRecord
+from idempotency.models import IdempotencyKey, IdempotencyKeyRecord
+from tenancy.admin import CrossTenantAdmin, TenantFilter, admin_tenants, seconds, to_the_second
 from tenancy.aliases import admin_alias
 
-if TYPE_CHECKING:  # ModelAdmin is generic in django-stubs, not at run time
-    _KeyAdminBase = admin.ModelAdmin[IdempotencyKeyRecord]
-else:
-    _KeyAdminBase = admin.ModelAdmin
+
+class ConditionFilter(admin.SimpleListFilter):
+    """A filter whose choices are conditions on the row itself.
+
+    Its "show counts" are ``count(*) FILTER (WHERE condition)`` in the one
+    query Django makes for the filter's counts, not Django's default
+    ``pk IN (subquery)``, which this table's ``key`` (not unique alone) makes
+    both wrong and quadratic.
+    """
+
+    conditions: dict[str, tuple[str, Q]] = {}
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(value, label) for value, (label, _) in self.conditions.items()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        chosen = self.conditions.get(self.value() or "")
+        return None if chosen is None else queryset.filter(chosen[1])
+
+    def get_facet_counts(self, pk_attname: str, filtered_qs: QuerySet[Any]) -> dict[str, Any]:
+        return {f"{i}__c": Count(pk_attname, filter=condition)
+                for i, (_, condition) in enumerate(self.conditions.values())}
 
 
 def stuck_condition() -> Q:
@@ -34,59 +68,111 @@ def stuck_condition() -> Q:
     return store.stuck(STUCK_AFTER)
 
 
-class StuckFilter(admin.SimpleListFilter):
+class StuckFilter(ConditionFilter):
     title = "stuck"
     parameter_name = "stuck"
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("yes", "Stuck unfinished"), ("no", "Not stuck")]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
-        if self.value() == "yes":
-            return queryset.filter(stuck_condition())
-        if self.value() == "no":
-            return queryset.exclude(stuck_condition())
-        return None
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.conditions = {
+            "yes": ("Stuck unfinished", stuck_condition()),
+            "no": ("Not stuck", ~stuck_condition()),
+        }
+        super().__init__(*args, **kwargs)
 
 
-class ExpiredFilter(admin.SimpleListFilter):
+class ExpiredFilter(ConditionFilter):
     title = "expired"
     parameter_name = "expired"
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("yes", "Expired"), ("no", "Live")]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.conditions = {
+            "yes": ("Expired", Q(expires_at__lte=Now())),
+            "no": ("Live", Q(expires_at__gt=Now())),
+        }
+        super().__init__(*args, **kwargs)
+
+
+class ScopeFilter(TenantFilter):
+    """A scope typed in (listing the distinct scopes would scan the table)."""
+
+    title = "scope"
+    parameter_name = "scope"
+    placeholder = "scope, e.g. order.create"
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
-        if self.value() == "yes":
-            return queryset.filter(expires_at__lte=Now())
-        if self.value() == "no":
-            return queryset.filter(expires_at__gt=Now())
-        return None
+        return queryset.filter(scope=self.value()) if self.value() else None
+
+
+def _body(raw: bytes | memoryview | None, headers: list[list[str]]) -> str:
+    """The stored body as a person reads it: JSON indented, text as is, bytes counted."""
+    if raw is None:
+        return "(none)"
+    data = bytes(raw)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return f"({len(data)} bytes, not UTF-8 text)"
+    kind = next((v for k, v in headers if k.lower() == "content-type"), "")
+    if "json" in kind:
+        try:
+            return json.dumps(json.loads(text), indent=2, sort_keys=True, ensure_ascii=False)
+        except ValueError:
+            pass
+    return text
 
 
 @admin.register(IdempotencyKeyRecord)
-class IdempotencyKeyAdmin(_KeyAdminBase):
+class IdempotencyKeyAdmin(CrossTenantAdmin):
     list_display = [
-        "tenant_id", "scope", "key", "state", "status_code", "recovery_point",
-        "request_method", "request_path", "created_at", "expires_at", "locked_until",
+        "page", "tenant_id", "scope", "state", "status_code", "recovery_point",
+        "request_method", "request_path", to_the_second("created_at", "created at"),
+        to_the_second("expires_at", "expires at"), to_the_second("locked_until", "locked until"),
     ]
-    list_filter = ["state", StuckFilter, ExpiredFilter, "scope"]
-    search_fields = ["key", "scope", "request_path"]
-    list_display_links = None  # no page per row: key alone does not identify one
+    list_filter = ["state", StuckFilter, ExpiredFilter, TenantFilter, ScopeFilter]
+    search_fields = ["key", "request_path"]
     actions = None
-    show_full_result_count = False
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        return super().get_queryset(request).using(admin_alias())
+    @admin.display(description="key", ordering="key")
+    def page(self, obj: IdempotencyKeyRecord) -> str:
+        query = urlencode({"tenant_id": str(obj.tenant_id), "scope": obj.scope, "key": obj.key})
+        url = reverse("admin:idempotency_idempotencykeyrecord_page") + "?" + query
+        return format_html('<a href="{}">{}</a>', url, obj.key)
 
-    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> None:
-        return None
+    def get_urls(self) -> list[URLPattern]:
+        page = self.admin_site.admin_view(self.page_view)
+        return [path("key/", page, name="idempotency_idempotencykeyrecord_page"),
+                *super().get_urls()]
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+    def page_view(self, request: HttpRequest) -> HttpResponse:
+        """One key, named by ``?tenant_id=&scope=&key=``: its request and its stored answer."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        try:
+            tenant = int(request.GET.get("tenant_id", ""))
+        except ValueError:
+            raise Http404("tenant_id is not a number") from None
+        allowed = admin_tenants(request)
+        keys = IdempotencyKey.objects.using(admin_alias())
+        row = None if allowed is not None and tenant not in allowed else keys.filter(
+            tenant_id=tenant, scope=request.GET.get("scope", ""), key=request.GET.get("key", ""),
+        ).first()
+        if row is None:
+            raise Http404("no such key (expired and reaped?)")
+        headers = [list(h) for h in (row.response_headers or [])]
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Idempotency key {row.key!r}",
+            "opts": self.opts,
+            "row": row,
+            "times": [(label, seconds(getattr(row, name))) for label, name in (
+                ("created at", "created_at"), ("completed at", "completed_at"),
+                ("updated at", "updated_at"), ("expires at", "expires_at"),
+                ("locked until", "locked_until"))],
+            "headers": headers,
+            "body": _body(row.response, headers),
+            "phase_state": json.dumps(row.phase_state, indent=2, sort_keys=True)
+            if row.phase_state is not None else None,
+            "request_data": json.dumps(row.request_data, indent=2, sort_keys=True)
+            if row.request_data is not None else None,
+        }
+        return TemplateResponse(request, "admin/idempotency/key.html", context)

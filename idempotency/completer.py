@@ -109,6 +109,9 @@ def complete_abandoned_keys(
             if result.outcome is Outcome.EXECUTED and result.verdict is not Verdict.UNSTORED:
                 report.completed += 1
                 line = f"completed with {result.value.status_code}"  # type: ignore[union-attr]
+                logger.info("completer: finished %s/%s/%s, abandoned by its client: it answers "
+                            "%d", tenant_id, scope, key,
+                            result.value.status_code)  # type: ignore[union-attr]
             elif result.outcome is Outcome.EXECUTED:
                 status = result.value.status_code  # type: ignore[union-attr]
                 line = _failed(alias, program, request, report, f"failed again with {status}")

@@ -24,7 +24,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
 
 from django.db import connections
 
@@ -37,7 +36,7 @@ from idempotency.conf import (
     idempotency_settings,
 )
 from idempotency.exceptions import ReaperBusy
-from idempotency.store import GivenUp
+from idempotency.store import GivenUp, StuckRow
 from tenancy.aliases import system_alias
 from tenancy.db import require_cross_tenant, tenants_with_rows
 from tenancy.exceptions import CrossTenantRefused
@@ -46,24 +45,6 @@ logger = logging.getLogger("idempotency")
 
 #: The reaper's refusal of an RLS-bound alias (the library's one cross-tenant error).
 ReaperRefused = CrossTenantRefused
-
-
-@dataclass(frozen=True)
-class StuckKey:
-    """A pending key nothing is working on.
-
-    ``completable``: the completer will finish it (its program opted in);
-    otherwise only the client's retry can, and after ``expired`` a human
-    should look: the request may be half done (e.g. charged, no receipt).
-    """
-
-    tenant_id: int
-    scope: str
-    key: str
-    created_at: datetime
-    recovery_point: str
-    expired: bool
-    completable: bool
 
 
 @dataclass
@@ -75,13 +56,19 @@ class ReapReport:
     seconds: float = 0.0
     longest_batch_seconds: float = 0.0  # the longest delete transaction (its locks' lifetime)
     stuck_count: int = 0
-    stuck: list[StuckKey] = field(default_factory=list)
+    # Pending keys nothing works on (the first ``stuck_sample``), and the scopes
+    # whose program the completer will finish: a stuck key of another scope
+    # waits for its client's retry, or, once expired, for a human.
+    stuck: list[StuckRow] = field(default_factory=list)
+    completable: frozenset[str] = frozenset()
     gave_up: int = 0  # pending keys untouched for GIVE_UP_AFTER, finished as abandoned
     given_up: list[GivenUp] = field(default_factory=list)  # the first of them
 
     def as_dict(self) -> dict[str, object]:
         data = asdict(self)
-        data["stuck"] = [{**asdict(s), "created_at": s.created_at.isoformat()} for s in self.stuck]
+        data["stuck"] = [{**asdict(s), "created_at": s.created_at.isoformat(),
+                          "completable": s.scope in self.completable} for s in self.stuck]
+        data["completable"] = sorted(self.completable)
         return data
 
 
@@ -227,6 +214,5 @@ def _give_up(alias: str, size: int, dry_run: bool, report: ReapReport, sample: i
 def _find_stuck(alias: str, report: ReapReport, sample: int) -> None:
     from idempotency.phases import completable_scopes
 
-    rows, report.stuck_count = store.stuck_keys(alias, STUCK_AFTER, sample)
-    completable = set(completable_scopes())
-    report.stuck = [StuckKey(**asdict(row), completable=row.scope in completable) for row in rows]
+    report.stuck, report.stuck_count = store.stuck_keys(alias, STUCK_AFTER, sample)
+    report.completable = frozenset(completable_scopes())

@@ -54,6 +54,10 @@ O_RELAY_SIGTERM = O_PROCESSES + "::test_sigterm_while_the_relay_sends_a_batch_le
 O_BEAT = O_PROCESSES + "::test_every_task_of_the_documented_beat_schedule_runs_in_a_real_worker"
 O_RABBITMQ = OUTBOX + "test_rabbitmq.py"
 O_TASKS = OUTBOX + "test_django_tasks.py"
+O_ADMIN = OUTBOX + "test_admin.py::"
+O_JOBS = OUTBOX + "test_parked_jobs.py::"
+I_ADMIN = IDEM + "test_admin.py::"
+O_STATUS = OUTBOX + "test_status.py::"
 
 CATALOGUE: list[Mutant] = [
     # --- idempotency: settings defaults --------------------------------------------------
@@ -1346,8 +1350,8 @@ CATALOGUE: list[Mutant] = [
         "commands.redrive-failure-exits-zero", "outbox.management",
         "outbox_parked --redrive exits non-zero when a message fails again",
         "outbox/management/commands/outbox_parked.py",
-        "                if result.failed:\n",
-        "                if False:\n",
+        "            if result.failed:\n",
+        "            if False:\n",
         (OUTBOX + "test_consumers.py::test_the_redrive_command_exits_non_zero_when_a_message_fails"
          "_again",),
     ),
@@ -1637,5 +1641,173 @@ CATALOGUE: list[Mutant] = [
         "-- Across tenants: retention's batch",
         "-- Retention's batch",
         ("tests/test_citus_routing.py::test_every_statement_of_the_query_files_names_its_tenant",),
+    ),
+
+    # --- the operator's admin (issue 32) -------------------------------------------------
+    mutant(
+        "admin.job-cursor-not-kept", "outbox.deadletters",
+        "a job's worker that dies is followed by one that goes on from where it stopped",
+        "outbox/deadletters.py",
+        "                  state=ParkedJob.State.RUNNING, started_at=Coalesce(\"started_at\", Now()))\n",
+        "                  state=ParkedJob.State.RUNNING, started_at=Coalesce(\"started_at\", Now()),\n"
+        "                  after_tenant_id=-1, after_id=0)\n",
+        (O_ADMIN + "test_a_job_whose_worker_died_is_taken_over_where_it_stopped",),
+    ),
+    mutant(
+        "admin.job-covers-later-messages", "outbox.deadletters",
+        "a job leaves alone the messages parked after it was asked for",
+        "outbox/deadletters.py",
+        "    rows = DeadLetter.objects.using(system_alias(using)).filter(id__lte=job.upto_id)\n",
+        "    rows = DeadLetter.objects.using(system_alias(using)).all()\n",
+        (O_ADMIN + "test_everything_a_filter_matches_is_one_job_and_later_messages_are_left_alone",),
+    ),
+    mutant(
+        "admin.worker-ignores-stop", "outbox.deadletters",
+        "a worker told to stop lets go of its job between two batches",
+        "outbox/deadletters.py",
+        "        if stop():\n            jobs.update(",
+        "        if False:\n            jobs.update(",
+        (O_JOBS + "test_a_worker_told_to_stop_lets_go_of_its_job_between_two_batches",),
+    ),
+    mutant(
+        "admin.redrive-failure-moves-parked-at", "outbox.deadletters",
+        "a re-drive that fails again keeps parked_at and records when it failed",
+        "outbox/deadletters.py",
+        "attempts=F(\"attempts\") + 1, error=error, redrive_failed_at=Now())",
+        "attempts=F(\"attempts\") + 1, error=error, parked_at=Now())",
+        (O_ADMIN + "test_a_redrive_that_fails_again_keeps_parked_at_and_records_the_new_failure",),
+    ),
+    mutant(
+        "admin.selection-redriven-in-request", "outbox.admin",
+        "the admin's re-drive of a selection runs in the background, never inside the web request",
+        "outbox/admin.py",
+        "        rows = [(int(t), int(i)) for t, i in queryset.values_list(\"tenant_id\", \"id\")]\n",
+        "        rows = [(int(t), int(i)) for t, i in queryset.values_list(\"tenant_id\", \"id\")]\n"
+        "        redrive(ids=rows) if action == \"redrive\" else discard(rows)\n",
+        (O_ADMIN + "test_redriving_a_selection_asks_then_runs_in_the_background",),
+    ),
+    mutant(
+        "admin.no-audit", "outbox.deadletters",
+        "every re-drive, discard and job is written to Django's admin log with its user",
+        "outbox/deadletters.py",
+        "    if not get_user_model().objects.filter(pk=user_id).exists():\n        return\n",
+        "    return\n",
+        (O_ADMIN + "test_redriving_on_the_page_handles_it_as_its_tenant_and_writes_who_did_it",
+         O_ADMIN + "test_redriving_a_selection_asks_then_runs_in_the_background"),
+    ),
+    mutant(
+        "admin.log-line-without-user", "outbox.deadletters",
+        "the log line of a re-drive names who asked",
+        "outbox/deadletters.py",
+        "\"(%s), %d no longer parked\", by or _process(), len(rows),",
+        "\"(%s), %d no longer parked\", _process(), len(rows),",
+        (O_ADMIN + "test_redriving_on_the_page_handles_it_as_its_tenant_and_writes_who_did_it",),
+    ),
+    mutant(
+        "admin.confinement-ignored", "tenancy.admin",
+        "TENANCY[\"ADMIN_TENANTS\"] confines a staff user's lists and pages to their tenants",
+        "tenancy/admin.py",
+        "        if allowed is not None and self.tenant_field is not None:\n",
+        "        if False:\n",
+        (O_ADMIN + "test_staff_confined_to_a_tenant_see_and_touch_only_its_messages",
+         I_ADMIN + "test_staff_confined_to_a_tenant_see_only_its_keys"),
+    ),
+    mutant(
+        "admin.job-escapes-confinement", "outbox.admin",
+        "a confined staff user's job of everything matching covers only their tenants",
+        "outbox/admin.py",
+        "        \"tenants\": tenants,\n",
+        "        \"tenants\": None,\n",
+        (O_ADMIN + "test_staff_confined_to_a_tenant_see_and_touch_only_its_messages",),
+    ),
+    mutant(
+        "admin.page-truncates-error", "outbox.admin",
+        "a parked message's page shows the whole error",
+        "outbox/templates/admin/outbox/parked_message.html",
+        "<pre id=\"error\">{{ row.error }}</pre>",
+        "<pre id=\"error\">{{ row.error|truncatechars:120 }}</pre>",
+        (O_ADMIN + "test_a_parked_message_has_a_page_with_the_whole_error_and_the_message",),
+    ),
+    mutant(
+        "admin.times-to-the-minute", "tenancy.admin",
+        "the admin shows times to the second",
+        "tenancy/admin.py",
+        "strftime(\"%Y-%m-%d %H:%M:%S\")",
+        "strftime(\"%Y-%m-%d %H:%M\")",
+        (I_ADMIN + "test_times_are_shown_to_the_second",
+         O_ADMIN + "test_a_parked_message_has_a_page_with_the_whole_error_and_the_message"),
+    ),
+    mutant(
+        "admin.counts-uncapped", "tenancy.admin",
+        "the admin's row count of keys stops at 10,000",
+        "tenancy/admin.py",
+        "            return rows.order_by()[: self.cap + 1].count()\n",
+        "            return rows.count()\n",
+        (I_ADMIN + "test_the_row_count_stops_at_its_cap",),
+    ),
+    mutant(
+        "admin.stuck-counts-by-subquery", "idempotency.admin",
+        "the key list's counts are one pass keyed by the row, never key IN (subquery)",
+        "idempotency/admin.py",
+        "    def get_facet_counts(self, pk_attname: str, filtered_qs: QuerySet[Any]) -> dict[str, Any]:\n",
+        "    def unused_facet_counts(self, pk_attname: str, filtered_qs: QuerySet[Any]) -> dict[str, Any]:\n",
+        (I_ADMIN + "test_the_counts_are_one_pass_keyed_by_the_row_not_key_in_a_subquery",),
+    ),
+    mutant(
+        "admin.key-answer-hidden", "idempotency.admin",
+        "a key's page shows its stored answer",
+        "idempotency/admin.py",
+        "            \"body\": _body(row.response, headers),\n",
+        "            \"body\": \"\",\n",
+        (I_ADMIN + "test_a_keys_page_shows_its_stored_answer",),
+    ),
+    mutant(
+        "status.hidden-query-no-hint", "outbox.observation",
+        "outbox_status says what to grant when PostgreSQL answers <insufficient privilege>",
+        "outbox/observation.py",
+        "    return publisher.pid is not None and publisher.query in (None, HIDDEN)\n",
+        "    return publisher.pid is not None and publisher.query is None\n",
+        (O_STATUS + "test_status_says_the_holders_query_is_hidden_and_what_to_grant",),
+    ),
+    mutant(
+        "status.who-may-end-wrong", "outbox.observation",
+        "outbox_status says whether its role may end the holding transaction, and who may",
+        "outbox/observation.py",
+        "    return Powers(role, bool(superuser or stats), bool(superuser or signal or member))\n",
+        "    return Powers(role, bool(superuser or stats), True)\n",
+        (O_STATUS + "test_status_says_the_holders_query_is_hidden_and_what_to_grant",),
+    ),
+    mutant(
+        "metrics.hidden-blocker-age-zero", "outbox.metrics",
+        "dio_outbox_blocker_age_seconds is NaN, not 0, while a holder's start is hidden",
+        "outbox/metrics.py",
+        "        age.add_metric([], float(\"nan\") if unseen and not ages else max(ages, default=0.0))\n",
+        "        age.add_metric([], max(ages, default=0.0))\n",
+        ("tests/shared/test_metrics.py::test_lag_parked_and_the_blocker_are_read_at_scrape_time",
+         "tests/shared/test_metrics.py::test_the_blockers_age_needs_pg_read_all_stats_and_says_so"),
+    ),
+    mutant(
+        "checks.stats-privilege-unchecked", "outbox.checks",
+        "check outbox.I130 names the GRANT the blocker's age needs",
+        "outbox/checks.py",
+        "        if not seen.reads_all_stats:\n",
+        "        if False:\n",
+        (OUTBOX + "test_checks.py::test_check_says_what_to_grant_for_the_holders_age",),
+    ),
+    mutant(
+        "completer.finish-not-logged", "idempotency.completer",
+        "the completer logs each pending key it finishes",
+        "idempotency/completer.py",
+        "                logger.info(\"completer: finished %s/%s/%s, abandoned by its client: it answers \"\n",
+        "                logger.debug(\"completer: finished %s/%s/%s, abandoned by its client: it answers \"\n",
+        (IDEM + "test_completer.py::test_the_completer_finishes_an_abandoned_request_once",),
+    ),
+    mutant(
+        "demo.frames-allowed", "docs",
+        "the demo sends X-Frame-Options: DENY",
+        "example_project/settings.py",
+        "    \"django.middleware.clickjacking.XFrameOptionsMiddleware\",\n",
+        "",
+        ("tests/example/test_demo.py::test_the_admins_view_site_is_a_page_and_no_page_may_be_framed",),
     ),
 ]

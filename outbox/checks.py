@@ -14,6 +14,11 @@ Its families, registered together by :func:`register`:
   increasing values across sessions (no values cached per session, no
   cycling, a positive increment). ``manage.py
   check --database <alias>`` (and ``migrate``) verifies both.
+- **Seeing what holds delivery back** (``outbox.I130``, advice, tagged ``database``):
+  the system (or admin) alias's role should be a member of
+  ``pg_read_all_stats``, or PostgreSQL hides how long a publishing
+  transaction has been open, and its query, from ``outbox_status``, the
+  health check and the blocker-age metric.
 - **The relay's broker** (``outbox.E110``–``E112``). When the relay sends
   through the Celery transport to RabbitMQ, publisher confirms, durable
   queues and persistent messages are what make the broker's acknowledgement
@@ -62,6 +67,7 @@ SETTINGS_CHECK_IDS = CheckIds(
 def register() -> None:
     checks.register(check_settings)
     checks.register(check_fence, checks.Tags.database)
+    checks.register(check_stats_privilege, checks.Tags.database)
     checks.register(check_receivers)
     checks.register(check_relay_broker)
     checks.register(check_tasks_transport)
@@ -121,6 +127,39 @@ def check_fence(
                 )
             )
     return errors
+
+
+def check_stats_privilege(
+    app_configs: Any = None, databases: Sequence[str] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """outbox.I130: the system (or admin) alias cannot see how long a holder has been open.
+
+    Advice (an Info), not a warning: the grant is optional, and a deploy that
+    checks with ``--fail-level WARNING`` should not fail for want of it.
+    """
+    from outbox.observation import powers
+    from tenancy.aliases import admin_alias, system_alias
+
+    warnings: list[checks.CheckMessage] = []
+    try:
+        readers = {system_alias(), admin_alias()}
+    except Exception:  # an alias not configured: tenancy's checks report it
+        return warnings
+    for alias in sorted(readers.intersection(databases or ())):
+        try:
+            seen = powers(alias)
+        except DatabaseError:
+            continue
+        if not seen.reads_all_stats:
+            warnings.append(checks.Info(
+                f"Database {alias!r}: the role {seen.role} is not a member of pg_read_all_stats: "
+                "outbox_status, outbox_health and dio_outbox_blocker_age_seconds cannot see how "
+                "long a transaction that holds delivery back has been open, nor its query.",
+                hint=f"As a superuser: GRANT pg_read_all_stats TO {seen.role}; "
+                "(docs/operations.md).",
+                id="outbox.I130",
+            ))
+    return warnings
 
 
 # -- the receivers ------------------------------------------------------------

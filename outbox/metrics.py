@@ -85,6 +85,23 @@ def parked(consumer: str) -> None:
         m.parked.labels(consumer).inc()
 
 
+_hinted: set[str] = set()
+
+
+def _hint_once(alias: str) -> None:
+    """Say once per process and alias what the blocker's age needs."""
+    if alias in _hinted:
+        return
+    _hinted.add(alias)
+    from django.db import connections
+
+    role = connections[alias].settings_dict.get("USER") or "the role of " + repr(alias)
+    logger.warning(
+        "metrics: an open transaction that published holds delivery back, and its start is "
+        "hidden from %s: dio_outbox_blocker_age_seconds is NaN until a superuser runs GRANT "
+        "pg_read_all_stats TO %s (dio_outbox_blockers counts it meanwhile)", role, role)
+
+
 class OutboxCollector:
     """Reads the outbox's gauges from the database when Prometheus scrapes.
 
@@ -144,12 +161,21 @@ class OutboxCollector:
             "tenant to end.")
         held.add_metric([], seen.held_back)
         yield held
+        blockers = GaugeMetricFamily(
+            "dio_outbox_blockers",
+            "Open transactions that published; each holds back its own tenants' later "
+            "messages (needs no privilege).")
+        blockers.add_metric([], len(seen.publishers))
+        yield blockers
         age = GaugeMetricFamily(
             "dio_outbox_blocker_age_seconds",
-            "Age of the oldest open transaction that published (0: none); it holds back "
-            "its own tenants' later messages.")
+            "Age of the oldest open transaction that published (0: none; NaN: one is open "
+            "but its start is hidden, GRANT pg_read_all_stats to the admin alias's role).")
         ages = [p.age.total_seconds() for p in seen.publishers if p.age is not None]
-        age.add_metric([], max(ages, default=0.0))
+        unseen = [p for p in seen.publishers if p.age is None and p.pid is not None]
+        age.add_metric([], float("nan") if unseen and not ages else max(ages, default=0.0))
+        if unseen:
+            _hint_once(alias)
         yield age
         parked_now = GaugeMetricFamily(
             "dio_outbox_parked_messages", "Messages in the dead-letter table, by consumer.",

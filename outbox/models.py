@@ -29,7 +29,9 @@ from tenancy.privileges import APP, DML, SYSTEM, WORKER, TablePrivileges
 #:   needs UPDATE), advance and lease offsets; handlers publish and park, as
 #:   their message's tenant.
 #: - system (cross-tenant reads and upkeep): reads the stream, offsets,
-#:   failures and dead letters; deletes what retention deletes.
+#:   failures and dead letters; deletes what retention deletes; writes the
+#:   re-drive and discard jobs people ask for (the jobs act on dead letters
+#:   as each message's tenant, on the app role).
 TABLE_PRIVILEGES: TablePrivileges = {
     "outbox_messages": {
         APP: ("SELECT", "INSERT"),
@@ -40,6 +42,7 @@ TABLE_PRIVILEGES: TablePrivileges = {
     "outbox_consumer_failures": {WORKER: DML, SYSTEM: ("SELECT",)},
     "outbox_dead_letters": {APP: DML, WORKER: ("SELECT", "INSERT"), SYSTEM: ("SELECT",)},
     "outbox_received": {APP: ("SELECT", "INSERT"), SYSTEM: ("SELECT", "DELETE")},
+    "outbox_parked_jobs": {SYSTEM: ("SELECT", "INSERT", "UPDATE")},
 }
 
 
@@ -156,19 +159,14 @@ class ConsumerFailure(models.Model):
         return f"{self.consumer}[{self.partition}]: {self.tenant_id}/{self.message_pk}"
 
 
-class DeadLetter(models.Model):
-    """A message a consumer gave up on after its ``max_attempts``, kept for people.
+class DeadLetterColumns(models.Model):
+    """The columns of ``outbox_dead_letters``, declared once for its two models.
 
-    A copy of the message, so the reaper may delete the original. Re-driving
-    runs the consumer's handler again and deletes the row in the same
-    transaction.
+    :class:`DeadLetter` (the table, its composite primary key) and
+    :class:`ParkedMessageRecord` (the admin's view of it) both inherit them.
     """
 
-    tenant_isolated = True
-
-    pk = models.CompositePrimaryKey("tenant_id", "id")
     tenant_id = models.BigIntegerField()
-    id = models.BigIntegerField()
     consumer = models.CharField(max_length=200)
     message_pk = models.BigIntegerField()
     message_id = models.UUIDField()
@@ -183,7 +181,28 @@ class DeadLetter(models.Model):
     message_created_at = models.DateTimeField()
     attempts = models.IntegerField()
     error = models.TextField()
+    #: When it was parked: the consumer's (or receiver's) last attempt. A
+    #: re-drive that fails again does not move it (see ``redrive_failed_at``).
     parked_at = models.DateTimeField(db_default=Now())
+    #: When a re-drive last failed on it (None: never re-driven).
+    redrive_failed_at = models.DateTimeField(null=True)
+
+    class Meta:
+        abstract = True
+
+
+class DeadLetter(DeadLetterColumns):
+    """A message a consumer gave up on after its ``max_attempts``, kept for people.
+
+    A copy of the message, so the reaper may delete the original. Re-driving
+    runs the consumer's handler again and deletes the row in the same
+    transaction.
+    """
+
+    tenant_isolated = True
+
+    pk = models.CompositePrimaryKey("tenant_id", "id")
+    id = models.BigIntegerField()
 
     class Meta:
         db_table = "outbox_dead_letters"
@@ -210,7 +229,7 @@ class ReceivedMessage(models.Model):
         return f"{self.receiver}: {self.tenant_id}/{self.message_id}"
 
 
-class ParkedMessageRecord(models.Model):
+class ParkedMessageRecord(DeadLetterColumns):
     """The dead-letter table as the admin lists it (every tenant).
 
     Django 5.2's admin cannot register a model with a composite primary key,
@@ -220,17 +239,7 @@ class ParkedMessageRecord(models.Model):
     never on ``id`` alone.
     """
 
-    tenant_id = models.BigIntegerField()
     id = models.BigIntegerField(primary_key=True)
-    consumer = models.CharField(max_length=200)
-    message_pk = models.BigIntegerField()
-    message_id = models.UUIDField()
-    topic = models.CharField(max_length=200)
-    key = models.CharField(max_length=200, null=True)  # noqa: DJ001
-    attempts = models.IntegerField()
-    error = models.TextField()
-    message_created_at = models.DateTimeField()
-    parked_at = models.DateTimeField()
 
     class Meta:
         managed = False
@@ -239,7 +248,66 @@ class ParkedMessageRecord(models.Model):
         ordering = ["parked_at", "tenant_id", "id"]
 
     def __str__(self) -> str:
-        return f"{self.consumer}: {self.tenant_id}/{self.id} {self.topic}"
+        return f"{self.tenant_id}/{self.id} {self.consumer} {self.topic}"
+
+
+class ParkedJob(models.Model):
+    """A re-drive or discard of the parked messages a filter matches, done in the background.
+
+    Written by the admin's actions and ``outbox_parked --redrive/--discard
+    --background`` (on the system alias), worked by ``outbox_parked --work``
+    or the ``outbox.work_parked_jobs`` task (:mod:`outbox.deadletters`): in
+    batches along ``(tenant_id, id)``, each batch's end written here, so a
+    worker that dies is followed, once its lease runs out, by another that
+    goes on from ``after_tenant_id``/``after_id``. Rows above ``upto_id`` (parked
+    after the job was asked for) are left alone. Not tenant data: it names
+    tenants, it holds none of their rows.
+    """
+
+    class Action(models.TextChoices):
+        REDRIVE = "redrive", "re-drive"
+        DISCARD = "discard", "discard"
+
+    class State(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        DONE = "done"
+        FAILED = "failed"
+
+    id = models.BigAutoField(primary_key=True)
+    action = models.CharField(max_length=16, choices=Action.choices)
+    # The filter: each None matches everything.
+    consumer = models.CharField(max_length=200, null=True)  # noqa: DJ001
+    topic = models.CharField(max_length=200, null=True)  # noqa: DJ001
+    tenants = models.JSONField(null=True)  # a list of tenant ids
+    search = models.CharField(max_length=200, blank=True, default="")
+    rows = models.JSONField(null=True)  # a list of [tenant_id, id] pairs
+    upto_id = models.BigIntegerField()
+    # Who asked, for the admin log and the log lines.
+    requested_by = models.CharField(max_length=200)
+    user_id = models.IntegerField(null=True)
+    created_at = models.DateTimeField(db_default=Now())
+    # Progress.
+    state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED)
+    total = models.IntegerField(default=0)
+    handled = models.IntegerField(default=0)
+    failed = models.IntegerField(default=0)
+    missing = models.IntegerField(default=0)
+    after_tenant_id = models.BigIntegerField(default=-1)
+    after_id = models.BigIntegerField(default=0)
+    lease_owner = models.CharField(max_length=200, blank=True, default="")
+    lease_until = models.DateTimeField(null=True)
+    started_at = models.DateTimeField(null=True)
+    finished_at = models.DateTimeField(null=True)
+    last_error = models.TextField(blank=True, default="")
+
+    class Meta:
+        db_table = "outbox_parked_jobs"
+        verbose_name = "re-drive or discard job"
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"job {self.id}: {self.get_action_display()} ({self.state})"
 
 
 class ReaderPositionRecord(models.Model):

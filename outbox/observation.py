@@ -14,8 +14,44 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from outbox import store
-from outbox.store import Publisher, ReaderState
+from outbox.store import SQL, Publisher, ReaderState
 from tenancy.aliases import system_alias
+from tenancy.statements import execute
+
+#: What pg_stat_activity shows in place of another role's query to a role
+#: that is not a member of pg_read_all_stats (its start and state are NULL).
+HIDDEN = "<insufficient privilege>"
+
+
+def hidden(publisher: Publisher) -> bool:
+    """Whether the server hid the publisher's query, state and start from the system role."""
+    return publisher.pid is not None and publisher.query in (None, HIDDEN)
+
+
+@dataclass(frozen=True)
+class Powers:
+    """What the role an alias connects as may do about another role's session.
+
+    Attributes:
+        role: that role.
+        reads_all_stats: it sees other roles' queries and transaction starts
+            (a superuser, or a member of ``pg_read_all_stats``).
+        may_end: it may end a session of ``holder`` with
+            ``pg_terminate_backend()`` (a superuser, a member of
+            ``pg_signal_backend`` for a holder that is no superuser, or a member
+            of the holder's role).
+    """
+
+    role: str
+    reads_all_stats: bool
+    may_end: bool
+
+
+def powers(using: str | None = None, holder: str | None = None) -> Powers:
+    """What the role of ``using`` (the system alias) may see and end of ``holder``'s sessions."""
+    with execute(system_alias(using), SQL["role_powers"], {"holder": holder or ""}) as cursor:
+        role, superuser, signal, stats, member = cursor.fetchone()
+    return Powers(role, bool(superuser or stats), bool(superuser or signal or member))
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db.models import Count, F, Q
-from django.db.models.functions import Now
+from django.db.models import Count
 
 from django_idempotency_outbox.sqlfiles import queries
 from outbox.stream import Batch, Envelope, Message, Position
@@ -642,15 +641,6 @@ def delete_parked(using: str, tenant_id: int, row_id: int) -> None:
     DeadLetter.objects.using(using).filter(tenant_id=tenant_id, id=row_id).delete()
 
 
-def record_redrive_failure(using: str, tenant_id: int, row_id: int, error: str) -> None:
-    """Count one more failed attempt at a dead-letter row, with its error."""
-    from outbox.models import DeadLetter
-
-    DeadLetter.objects.using(using).filter(tenant_id=tenant_id, id=row_id).update(
-        attempts=F("attempts") + 1, error=error, parked_at=Now()
-    )
-
-
 # -- retention ----------------------------------------------------------------
 
 
@@ -774,19 +764,3 @@ def fence_facts(using: str) -> FenceFacts | None:
     with execute(using, SQL["fence_facts"]) as cursor:
         row = cursor.fetchone()
     return None if row is None else FenceFacts(*row)
-
-
-# -- the admin -----------------------------------------------------------------
-
-
-def discard_parked(using: str, rows: Sequence[tuple[int, int]]) -> int:
-    """Delete dead-letter rows ``(tenant_id, id)`` without handling them; return how many."""
-    from outbox.models import DeadLetter
-
-    if not rows:
-        return 0
-    match = Q()
-    for tenant_id, row_id in rows:
-        match |= Q(tenant_id=tenant_id, id=row_id)
-    deleted, _ = DeadLetter.objects.using(using).filter(match).delete()
-    return deleted

@@ -6,6 +6,7 @@ Schedule them with Celery beat, e.g.::
         "outbox-relay": {"task": "outbox.relay", "schedule": 1.0},
         "outbox-consumers": {"task": "outbox.run_consumers", "schedule": 1.0},
         "outbox-reap": {"task": "outbox.reap", "schedule": 3600.0},
+        "outbox-parked-jobs": {"task": "outbox.work_parked_jobs", "schedule": 5.0},
     }
 
 Each run drains what is ready and returns: a long-running ``relay_outbox`` or
@@ -49,3 +50,12 @@ def reap() -> dict[str, Any]:
 
     result = do_reap()
     return {"messages": result.messages, "received": result.received}
+
+
+@shared_task(name="outbox.work_parked_jobs", ignore_result=True)
+def work_parked_jobs() -> list[int]:
+    """Do the re-drive and discard jobs that wait (asked for in the admin or by
+    ``outbox_parked --background``); return the ids of those finished."""
+    from outbox.deadletters import work
+
+    return [job.pk for job in work()]

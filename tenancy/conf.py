@@ -82,6 +82,11 @@ class TenancySettings(AppSettings):
     #: outbox gauges. None: SYSTEM_DATABASE. Better: a role of its own with
     #: BYPASSRLS and SELECT only, so the web process holds no DELETE anywhere.
     ADMIN_DATABASE = Setting(None, optional(text()))
+    #: None: staff see every tenant's rows in the library's admin pages. Else
+    #: the dotted path to (or the) callable(request) -> iterable of tenant ids
+    #: | None naming the tenants a staff user may see and act on there
+    #: (tenancy.admin; None from the callable: every tenant).
+    ADMIN_TENANTS: Setting[Any] = Setting(None, optional(dotted_path_or_object))
     #: Role names the library's grants and checks use, by kind ("app",
     #: "worker", "system"); a kind left out is the ``USER`` of its alias.
     ROLES: Setting[dict[str, str]] = Setting({}, role_names)

@@ -105,6 +105,7 @@ USE_TZ = True
 TIME_ZONE = "UTC"
 ROOT_URLCONF = "tests.testapp.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+STATIC_URL = "static/"
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -112,6 +113,7 @@ INSTALLED_APPS = [
     "django.contrib.auth",
     "django.contrib.sessions",
     "django.contrib.messages",
+    "django.contrib.staticfiles",  # the admin's CSS and JS, for the browser tests
     "rest_framework",
     "tenancy",
     "idempotency",

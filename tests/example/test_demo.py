@@ -78,6 +78,32 @@ def test_the_openapi_schema_documents_the_idempotency_key_and_errors(demo):
         assert {"400", "409", "422"} <= set(operation["responses"])
 
 
+def test_the_admins_view_site_is_a_page_and_no_page_may_be_framed(demo):
+    import re
+
+    import requests
+
+    run_dir, _ = demo
+    base = next(
+        line.split("=", 1)[1]
+        for line in (run_dir / "env").read_text().splitlines()
+        if line.startswith("export DEMO_BASE_URL=")
+    )
+    session = requests.Session()
+    login = session.get(base + "/admin/login/", timeout=10)
+    assert login.headers["X-Frame-Options"] == "DENY"
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', login.text).group(1)
+    admin = session.post(base + "/admin/login/?next=/admin/", timeout=10, data={
+        "csrfmiddlewaretoken": token, "username": "ops", "password": "ops",
+        "next": "/admin/"}, headers={"Referer": base + "/admin/login/"})
+    assert admin.url.endswith("/admin/"), admin.text[:300]
+    site = re.search(r'<a href="([^"]+)">View site</a>', admin.text).group(1)
+    page = session.get(base + site, timeout=10)
+    assert page.status_code == 200 and page.headers["Content-Type"].startswith("text/html")
+    assert page.headers["X-Frame-Options"] == "DENY"
+    assert session.get(base + "/orders/", timeout=10).headers["X-Frame-Options"] == "DENY"
+
+
 def test_every_process_of_the_demo_is_started_again_when_it_dies(demo):
     import signal
     import time

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 import threading
 
 import pytest
@@ -24,9 +25,15 @@ def abandoned(client, gateway, crash):
     assert key_row()[0] == "pending"
 
 
-def test_the_completer_finishes_an_abandoned_request_once(abandoned, gateway):
-    report = complete_abandoned_keys(older_than=0)
+def test_the_completer_finishes_an_abandoned_request_once(abandoned, gateway, caplog):
+    with caplog.at_level(logging.INFO, logger="idempotency"):
+        report = complete_abandoned_keys(older_than=0)
     assert (report.found, report.completed, report.failed) == (1, 1, 0)
+    with observer() as conn:
+        tenant, scope = conn.execute("SELECT tenant_id, scope FROM idempotency_keys "
+                                     "WHERE key = 'cap-1'").fetchone()
+    assert (f"completer: finished {tenant}/{scope}/cap-1, abandoned by its client: it answers "
+            "201") in caplog.text
     assert_exactly_once(gateway)
     assert complete_abandoned_keys(older_than=0).found == 0
 
@@ -148,7 +155,7 @@ def test_the_reaper_keeps_pending_keys_and_reports_them(abandoned, gateway):
     assert report.deleted == 0 and count_rows("idempotency_keys") == 1
     assert report.stuck_count == 1
     stuck = report.stuck[0]
-    assert (stuck.recovery_point, stuck.expired, stuck.completable) == (
+    assert (stuck.recovery_point, stuck.expired, stuck.scope in report.completable) == (
         "payment_created", True, True)
     out = io.StringIO()
     call_command("reap_idempotency_keys", stdout=out)

@@ -117,10 +117,11 @@ def documented_beat_tasks() -> list[str]:
     return re.findall(r'"task": "([\w.]+)"', schedule)
 
 
-def test_the_documented_schedule_names_five_tasks():
+def test_the_documented_schedule_names_six_tasks():
     assert documented_beat_tasks() == [
         "outbox.relay", "outbox.run_consumers", "outbox.reap",
         "idempotency.tasks.reap_expired_keys", "idempotency.tasks.complete_abandoned_keys",
+        "outbox.work_parked_jobs",
     ]
 
 

@@ -8,7 +8,7 @@ from django.core.management import call_command
 
 from outbox.observation import status
 from tenancy.aliases import system_alias
-from tests.helpers import app_role, connect, observer, server_pid
+from tests.helpers import app_role, connect, observer, server_pid, wait_for
 from tests.outbox.support.helpers import drain, effects, publish_many, raw_publish
 from tests.outbox.support.recorders import OrderRecorder
 
@@ -117,3 +117,52 @@ def test_status_names_every_publisher_in_flight_lowest_bound_first(system_reads_
     out = capsys.readouterr().out
     assert f"pid {first_pid} role {app_role()}" in out
     assert "open transactions that published: 2, holding back 1 committed message(s)" in out
+
+
+def test_status_says_the_holders_query_is_hidden_and_what_to_grant(capsys, settings):
+    system = settings.DATABASES[system_alias()]["USER"]
+    with connect() as blocker, blocker.transaction():
+        raw_publish(blocker, A, "order.placed", {"sku": "held"})
+        pid = server_pid(blocker)
+        [publisher] = status().publishers
+        assert publisher.query == "<insufficient privilege>" and publisher.age is None
+        call_command("outbox_status")
+    out = capsys.readouterr().out
+    assert (f"its query, start and state are hidden from {system}: GRANT pg_read_all_stats "
+            f"TO {system}") in out
+    assert (f"end it: SELECT pg_terminate_backend({pid}); -- rolls its transaction back and "
+            f"closes its session; {system} (this command's role) may not: a superuser, a member "
+            f"of pg_signal_backend or of {app_role()} may") in out
+
+
+@pytest.fixture
+def system_signals_backends(settings):
+    role = settings.DATABASES[system_alias()]["USER"]
+    with observer() as conn:
+        conn.execute(f"GRANT pg_signal_backend TO {role}")
+    yield
+    with observer() as conn:
+        conn.execute(f"REVOKE pg_signal_backend FROM {role}")
+
+
+def test_the_statement_status_prints_ends_the_holder_as_the_role_it_names(
+        system_signals_backends, capsys):
+    from django.db import connections
+
+    blocker = connect()
+    try:
+        blocker.execute("BEGIN")
+        raw_publish(blocker, A, "order.placed", {"sku": "held"})
+        pid = server_pid(blocker)
+        call_command("outbox_status")
+        out = capsys.readouterr().out
+        line = next(x for x in out.splitlines() if "end it:" in x)
+        assert "(this command's role) may" in line and "may not" not in line
+        statement = line.split("end it: ")[1].split(";")[0]
+        assert statement == f"SELECT pg_terminate_backend({pid})"
+        with connections[system_alias()].cursor() as cursor:
+            cursor.execute(statement)
+            assert cursor.fetchone() == (True,)
+        wait_for(lambda: status().publishers == [], "the holder's end")  # its tenant moves on
+    finally:
+        blocker.close()

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import re
 import signal
 import threading
+import time
 import uuid
 
 import pytest
@@ -17,7 +20,8 @@ from outbox import publish
 from outbox.relay import Relay
 from outbox.testing import InMemoryTransport
 from tenancy import tenant_context
-from tests.helpers import connect
+from tenancy.aliases import system_alias
+from tests.helpers import connect, observer
 from tests.idempotency.conftest import Client
 from tests.live import LiveServer, free_port
 from tests.outbox.support.helpers import ROOT, Process, drain, publish_as, raw_publish, wait_for
@@ -208,7 +212,32 @@ def test_lag_parked_and_the_blocker_are_read_at_scrape_time(client):
         publisher.rollback()
     assert value(text, "dio_outbox_held_back_messages") == 1
     # Without pg_read_all_stats the system role sees the blocker but not its age.
-    assert value(text, "dio_outbox_blocker_age_seconds") >= 0
+    assert value(text, "dio_outbox_blockers") == 1
+    assert math.isnan(value(text, "dio_outbox_blocker_age_seconds"))
+    assert value(scrape(client), "dio_outbox_blockers") == 0
+    assert value(scrape(client), "dio_outbox_blocker_age_seconds") == 0
+
+
+def test_the_blockers_age_needs_pg_read_all_stats_and_says_so(client, settings, caplog):
+    from outbox import metrics
+
+    role = settings.DATABASES[system_alias()]["USER"]
+    metrics._hinted.clear()
+    with connect() as publisher:
+        raw_publish(publisher, 1, "order.placed", {"sku": "in flight"})
+        with caplog.at_level(logging.WARNING, logger="outbox"):
+            assert math.isnan(value(scrape(client), "dio_outbox_blocker_age_seconds"))
+            scrape(client)
+        assert caplog.text.count(f"GRANT pg_read_all_stats TO {role}") == 1  # once
+        with observer() as conn:
+            conn.execute(f"GRANT pg_read_all_stats TO {role}")
+        try:
+            time.sleep(0.2)
+            assert value(scrape(client), "dio_outbox_blocker_age_seconds") >= 0.2
+        finally:
+            with observer() as conn:
+                conn.execute(f"REVOKE pg_read_all_stats FROM {role}")
+        publisher.rollback()
 
 
 def test_a_scrape_answers_when_the_database_cannot_be_read(client, settings):

@@ -1,5 +1,6 @@
 from django.contrib import admin
-from django.urls import path
+from django.contrib.staticfiles.views import serve
+from django.urls import path, re_path
 
 from django_idempotency_outbox.metrics import metrics_view
 from outbox import health_view
@@ -11,6 +12,8 @@ item = {"get": "retrieve"}
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    # The admin's CSS and JS, served by Django itself for the browser tests (tests/browser).
+    re_path(r"^static/(?P<path>.*)$", serve, {"insecure": True}),
     path("orders/", views.OrderViewSet.as_view(create)),
     path("v2/orders/", views.OrderViewSet.as_view(create)),
     path("orders-waiting/", views.OrderWaitingViewSet.as_view(create)),

@@ -72,7 +72,7 @@ class Command(BaseCommand):
                 )
             )
             for stuck in report.stuck:
-                if stuck.completable:
+                if stuck.scope in report.completable:
                     fate = "the completer will finish it"
                 elif stuck.expired:
                     fate = "expired unfinished: needs a human"

@@ -29,10 +29,12 @@ class Command(BaseCommand):
         pass
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from outbox.observation import status
+        from outbox.observation import Powers, hidden, powers, status
 
         try:
             s = status()
+            held_by = {p.user for p in s.publishers if p.pid is not None}
+            can: dict[str | None, Powers] = {user: powers(holder=user) for user in held_by}
         except DatabaseError as exc:
             raise CommandError(f"could not read the outbox: {exc}".splitlines()[0]) from exc
         out = self.stdout.write
@@ -75,7 +77,15 @@ class Command(BaseCommand):
                     f"({_age(p.age)}), tenant(s) {tenants}, {p.waiting} waiting: "
                     "COMMIT PREPARED or ROLLBACK PREPARED it")
                 continue
-            query = " ".join((p.query or "(hidden: grant pg_read_all_stats)").split())[:200]
+            me = can[p.user]
+            query = (f"(its query, start and state are hidden from {me.role}: GRANT "
+                     f"pg_read_all_stats TO {me.role})" if hidden(p)
+                     else " ".join((p.query or "").split())[:200])
             out(f"  pid {p.pid} role {p.user} application {p.application or '-'} since {since} "
                 f"({_age(p.age)}) state {p.state or '-'}, tenant(s) {tenants}, "
                 f"{p.waiting} waiting: {query}")
+            who = (f"{me.role} (this command's role) may" if me.may_end else
+                   f"{me.role} (this command's role) may not: a superuser, a member of "
+                   f"pg_signal_backend or of {p.user} may")
+            out(f"    end it: SELECT pg_terminate_backend({p.pid}); -- rolls its transaction "
+                f"back and closes its session; {who}")
