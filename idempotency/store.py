@@ -34,7 +34,7 @@ from idempotency.models import IdempotencyKey
 from tenancy.conf import tenancy_settings
 from tenancy.context import holds_statements, prefix, set_tenant_sql
 from tenancy.leases import Lease
-from tenancy.statements import execute
+from tenancy.statements import affected, fetch_all, fetch_one
 
 #: The app's statements, by name (idempotency/queries.sql).
 SQL = queries("idempotency")
@@ -215,8 +215,7 @@ def lookup(using: str, request: IdempotentRequest, *, lock: bool = False) -> Key
     statement.
     """
     params = _key(request, lock_id=request.lock_id if lock else None)
-    with execute(using, SQL["lookup"], params) as cursor:
-        return _lookup(cursor.fetchone())
+    return _lookup(fetch_one(using, SQL["lookup"], params))
 
 
 def peek(using: str, request: IdempotentRequest) -> KeyLookup | None:
@@ -238,8 +237,7 @@ def peek(using: str, request: IdempotentRequest) -> KeyLookup | None:
     if tenancy_settings.VERIFIED_CONTEXT is not None or not holds_statements(using):
         return None
     prefix(using, set_tenant_sql(request.tenant_id))
-    with execute(using, SQL["lookup"], _key(request, lock_id=None)) as cursor:
-        return _lookup(cursor.fetchone())
+    return _lookup(fetch_one(using, SQL["lookup"], _key(request, lock_id=None)))
 
 
 def insert_finished(
@@ -265,8 +263,7 @@ def insert_finished(
     """
     sql = f"{SQL['store']}; COMMIT" if commit else SQL["store"]
     try:
-        with execute(using, sql, _request(request, **_answer(response, state, ttl))):
-            pass
+        affected(using, sql, _request(request, **_answer(response, state, ttl)))
     except IntegrityError as exc:
         # Only the primary key means a lost race. Anything else (a deferred
         # constraint of the handler's, checked at the merged COMMIT) is the
@@ -294,15 +291,13 @@ def replace_expired(
 ) -> bool:
     """Store a finished request over an expired finished row; False if it is gone."""
     params = _request(request, **_answer(response, state, ttl))
-    with execute(using, SQL["replace_expired"], params) as cursor:
-        return int(cursor.rowcount) == 1
+    return affected(using, SQL["replace_expired"], params) == 1
 
 
 # --- phases mode -----------------------------------------------------------------
 
 
-def _fetch_claim(cursor: Any) -> Claim | None:
-    row = cursor.fetchone()
+def _claimed(row: Any) -> Claim | None:
     if row is None:
         return None
     token, recovery_point, phase_state, request_id = row
@@ -328,14 +323,12 @@ def claim(
         request, recovery_point=recovery_point, request_data=_dumps(request_data),
         lease=lease, ttl=ttl,
     )
-    with execute(using, SQL["claim"], params) as cursor:
-        return _fetch_claim(cursor)
+    return _claimed(fetch_one(using, SQL["claim"], params))
 
 
 def take_over(using: str, request: IdempotentRequest, token: int, lease: timedelta) -> Claim | None:
     """Take a pending key whose lease ran out from the owner with ``token``; None if lost."""
-    with execute(using, SQL["take_over"], _key(request, token=token, lease=lease)) as cursor:
-        return _fetch_claim(cursor)
+    return _claimed(fetch_one(using, SQL["take_over"], _key(request, token=token, lease=lease)))
 
 
 def advance(
@@ -352,8 +345,7 @@ def advance(
         request, token=token, recovery_point=recovery_point, phase_state=_dumps(phase_state),
         lease=lease,
     )
-    with execute(using, SQL["advance"], params) as cursor:
-        return int(cursor.rowcount) == 1
+    return affected(using, SQL["advance"], params) == 1
 
 
 def finish(
@@ -370,20 +362,17 @@ def finish(
     params = _key(
         request, token=token, phase_state=_dumps(phase_state), **_answer(response, state, ttl)
     )
-    with execute(using, SQL["finish"], params) as cursor:
-        return int(cursor.rowcount) == 1
+    return affected(using, SQL["finish"], params) == 1
 
 
 def release(using: str, request: IdempotentRequest, token: int) -> None:
     """End the lease of the owner with ``token`` at once; a no-op if it was taken over."""
-    with execute(using, SQL["release"], _key(request, token=token)):
-        pass
+    affected(using, SQL["release"], _key(request, token=token))
 
 
 def forget(using: str, request: IdempotentRequest, token: int, recovery_point: str) -> None:
     """Delete a pending key still at ``recovery_point`` and owned by ``token``."""
-    with execute(using, SQL["forget"], _key(request, token=token, recovery_point=recovery_point)):
-        pass
+    affected(using, SQL["forget"], _key(request, token=token, recovery_point=recovery_point))
 
 
 # --- upkeep, across tenants (the system alias) -------------------------------------
@@ -391,8 +380,7 @@ def forget(using: str, request: IdempotentRequest, token: int, recovery_point: s
 
 def count_completer_failure(using: str, request: IdempotentRequest) -> int | None:
     """Count a failed completer run of a pending key; its count so far (None: not pending)."""
-    with execute(using, SQL["count_completer_failure"], _key(request)) as cursor:
-        row = cursor.fetchone()
+    row = fetch_one(using, SQL["count_completer_failure"], _key(request))
     return None if row is None else int(row[0])
 
 
@@ -405,8 +393,7 @@ def give_up(using: str, request: IdempotentRequest, response: StoredResponse,
         or a run holds its lease.
     """
     params = _key(request, **_answer(response, IdempotencyKey.State.FAILED.value, ttl))
-    with execute(using, SQL["give_up"], params) as cursor:
-        row = cursor.fetchone()
+    row = fetch_one(using, SQL["give_up"], params)
     return None if row is None else str(row[0])
 
 
@@ -418,8 +405,8 @@ def give_up_untouched(using: str, after: timedelta, limit: int, response: Stored
     """
     params = {"after": after, "limit": limit,
               **_answer(response, IdempotencyKey.State.FAILED.value, ttl)}
-    with transaction.atomic(using=using), execute(using, SQL["give_up_untouched"], params) as c:
-        return [GivenUp(*row) for row in c.fetchall()]
+    with transaction.atomic(using=using):
+        return [GivenUp(*row) for row in fetch_all(using, SQL["give_up_untouched"], params)]
 
 
 def count_untouched(using: str, after: timedelta) -> int:
@@ -457,8 +444,7 @@ def delete_expired_batch(using: str, tenant_id: int, size: int) -> int:
     params = {"tenant_id": tenant_id, "limit": size}
     with transaction.atomic(using=using):
         prefix(using, SQL["commit_without_flush"])
-        with execute(using, SQL["delete_expired_batch"], params) as cursor:
-            return int(cursor.rowcount)
+        return affected(using, SQL["delete_expired_batch"], params)
 
 
 def count_expired(using: str, tenant_id: int) -> int:

@@ -547,13 +547,11 @@ CATALOGUE: list[Mutant] = [
         "receivers.check-then-insert", "outbox.receivers",
         "concurrent duplicates of one message: one receiver runs, the other skips",
         "outbox/store.py",
-        '    with execute(using, SQL["record_received"], params) as cursor:\n'
-        "        return int(cursor.rowcount) == 1",
-        '    with execute(using, "SELECT 1 FROM outbox_received WHERE tenant_id = %(tenant_id)s'
-        ' AND receiver = %(receiver)s AND message_id = %(message_id)s", params) as cursor:\n'
-        "        seen = cursor.fetchone() is not None\n"
-        '    with execute(using, SQL["record_received"], params) as cursor:\n'
-        "        return not seen",
+        '    return affected(using, SQL["record_received"], params) == 1',
+        '    seen = fetch_one(using, "SELECT 1 FROM outbox_received WHERE tenant_id = %(tenant_id)s'
+        ' AND receiver = %(receiver)s AND message_id = %(message_id)s", params) is not None\n'
+        '    affected(using, SQL["record_received"], params)\n'
+        "    return not seen",
         (O_CLAIMS, OUTBOX + "test_receivers.py"),
     ),
     mutant(
@@ -793,10 +791,8 @@ CATALOGUE: list[Mutant] = [
         "received.duplicate-runs", "outbox.store",
         "a receiver handles each message once, however often it arrives",
         "outbox/store.py",
-        '    with execute(using, SQL["record_received"], params) as cursor:\n'
-        "        return int(cursor.rowcount) == 1",
-        '    with execute(using, SQL["record_received"], params) as cursor:\n'
-        "        return True",
+        '    return affected(using, SQL["record_received"], params) == 1',
+        '    affected(using, SQL["record_received"], params)\n    return True',
         (OUTBOX + "test_relay.py::test_receiver_handles_a_message_once_however_often_it_arrives",),
     ),
     mutant(
@@ -1287,14 +1283,12 @@ CATALOGUE: list[Mutant] = [
         "retention.counts-what-it-selected", "outbox.store",
         "two outbox reapers at once: each row is deleted once, and counted once",
         "outbox/store.py",
-        '    with execute(using, SQL["delete_passed_messages"], params) as cursor:\n'
-        "        return int(cursor.rowcount)",
-        '    with execute(using, "SELECT count(*) FROM (SELECT 1 FROM outbox_messages'
+        '    return affected(using, SQL["delete_passed_messages"], params)',
+        '    found = int(fetch_one(using, "SELECT count(*) FROM (SELECT 1 FROM outbox_messages'
         " WHERE id <= %(upto)s AND created_at < now() - make_interval(secs => %(older_than)s)"
-        ' LIMIT %(limit)s) AS c", params) as cursor:\n'
-        "        found = int(cursor.fetchone()[0])\n"
-        '    with execute(using, SQL["delete_passed_messages"], params):\n'
-        "        return found",
+        ' LIMIT %(limit)s) AS c", params)[0])\n'
+        '    affected(using, SQL["delete_passed_messages"], params)\n'
+        "    return found",
         (OUTBOX + "test_retention.py::test_two_reapers_at_once_delete_each_row_once",),
     ),
     mutant(

@@ -39,7 +39,7 @@ from outbox.conf import SigningKey, outbox_settings
 from outbox.exceptions import BadSignature
 from outbox.store import SQL
 from outbox.stream import ENVELOPE_KEYS, Message
-from tenancy.statements import execute
+from tenancy.statements import affected, fetch_one
 
 logger = logging.getLogger("outbox")
 
@@ -298,8 +298,7 @@ def slot_state(using: str, name: str | None = None) -> SlotState | None:
     name = outbox_settings.REPLICATION_SLOT if name is None else name
     if name is None:
         return None
-    with execute(using, SQL["replication_slot"], {"slot": name}) as cursor:
-        row = cursor.fetchone()
+    row = fetch_one(using, SQL["replication_slot"], {"slot": name})
     if row is None:
         return None
     active, wal_status, passed_before, retained = row
@@ -320,8 +319,7 @@ def delete_passed_messages(using: str, upto: int, passed_before: int, older_than
     """
     params = {"upto": upto, "passed_before": str(passed_before), "older_than": older_than,
               "limit": limit}
-    with execute(using, SQL["delete_decoded_messages"], params) as cursor:
-        return int(cursor.rowcount)
+    return affected(using, SQL["delete_decoded_messages"], params)
 
 
 def slot_problems(using: str) -> list[str]:

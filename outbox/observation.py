@@ -16,7 +16,7 @@ from datetime import timedelta
 from outbox import store
 from outbox.store import SQL, Publisher, ReaderState
 from tenancy.aliases import system_alias
-from tenancy.statements import execute
+from tenancy.statements import fetch_one
 
 #: What pg_stat_activity shows in place of another role's query to a role
 #: that is not a member of pg_read_all_stats (its start and state are NULL).
@@ -49,8 +49,8 @@ class Powers:
 
 def powers(using: str | None = None, holder: str | None = None) -> Powers:
     """What the role of ``using`` (the system alias) may see and end of ``holder``'s sessions."""
-    with execute(system_alias(using), SQL["role_powers"], {"holder": holder or ""}) as cursor:
-        role, superuser, signal, stats, member = cursor.fetchone()
+    role, superuser, signal, stats, member = fetch_one(system_alias(using), SQL["role_powers"],
+                                                 {"holder": holder or ""})
     return Powers(role, bool(superuser or stats), bool(superuser or signal or member))
 
 

@@ -38,7 +38,7 @@ from django.db.models import Count
 from django_idempotency_outbox.sqlfiles import queries
 from outbox.stream import Batch, Envelope, Message, Position
 from tenancy.leases import Lease
-from tenancy.statements import execute
+from tenancy.statements import affected, fetch_all, fetch_one
 
 #: The app's statements, by name (outbox/queries.sql).
 SQL = queries("outbox")
@@ -239,8 +239,7 @@ def insert_message(
         "aggregate_type": aggregate_type, "aggregate_id": aggregate_id,
         "payload": _to_jsonb(payload), "headers": _to_jsonb(headers) if headers else "{}",
     }
-    with execute(using, SQL["publish"], params):
-        pass
+    affected(using, SQL["publish"], params)
 
 
 # -- the stream ---------------------------------------------------------------
@@ -345,13 +344,12 @@ def _read(
     """The last id handed out, the publishers in flight and the next rows, as ``statement``
     (``read_messages`` or ``read_envelopes``) selects them (see :func:`read_batch`)."""
     params = {"after": position.last, "held": position.json(), "limit": limit, **params}
-    with execute(using, SQL[statement], params) as cursor:
-        rows = cursor.fetchall()
+    found = fetch_all(using, SQL[statement], params)
     # A publisher for any tenant ("*") caps ``allocated`` already (outbox_read_v2()).
-    allocated = int(rows[0][0])
-    in_flight = {int(tenant): int(bound) for tenant, bound in json.loads(rows[0][1]).items()
+    allocated = int(found[0][0])
+    in_flight = {int(tenant): int(bound) for tenant, bound in json.loads(found[0][1]).items()
                  if tenant != "*"}
-    return allocated, in_flight, [row[2:] for row in rows if row[2] is not None]
+    return allocated, in_flight, [row[2:] for row in found if row[2] is not None]
 
 
 # -- consumer offsets ---------------------------------------------------------
@@ -359,8 +357,7 @@ def _read(
 
 def partition_counts(using: str, name: str) -> set[int]:
     """The partition counts of the offset rows named ``name`` (empty: none yet)."""
-    with execute(using, SQL["partition_counts"], {"name": name}) as cursor:
-        return {int(row[0]) for row in cursor.fetchall()}
+    return {int(row[0]) for row in fetch_all(using, SQL["partition_counts"], {"name": name})}
 
 
 def create_offsets(using: str, name: str, partitions: int) -> int:
@@ -369,8 +366,7 @@ def create_offsets(using: str, name: str, partitions: int) -> int:
     Returns:
         How many rows were created.
     """
-    with execute(using, SQL["create_offsets"], {"name": name, "partitions": partitions}) as c:
-        return int(c.rowcount)
+    return affected(using, SQL["create_offsets"], {"name": name, "partitions": partitions})
 
 
 def lock_offset(
@@ -398,8 +394,7 @@ def lock_offset(
         seconds = max(1, round(lost_after))
         params.update(count=str(max(1, seconds - 1)), timeout_ms=str(seconds * 1000))
         statement = "lock_offset_watching_client"
-    with execute(using, SQL[statement], params) as cursor:
-        row = cursor.fetchone()
+    row = fetch_one(using, SQL[statement], params)
     if row is None:
         return None
     last_id, held, attempts, waiting, stale = row[:5]
@@ -418,11 +413,10 @@ def advance_offset(
     The error itself is tenant data: :func:`record_failure` keeps it.
     """
     attempts, retry_in = (0, None) if failure is None else (failure.attempts, failure.retry_in)
-    with execute(using, SQL["advance_offset"], {
+    affected(using, SQL["advance_offset"], {
         "last_id": position.last, "held": position.json(), "attempts": attempts,
         "retry_in": retry_in, "name": name, "partition": partition,
-    }):
-        pass
+    })
 
 
 def record_failure(
@@ -430,12 +424,11 @@ def record_failure(
 ) -> None:
     """Keep the error of ``message`` at the head of a partition, as its tenant (the caller's
     context): the tenant's own row of ``outbox_consumer_failures``, under row-level security."""
-    with execute(using, SQL["record_failure"], {
+    affected(using, SQL["record_failure"], {
         "tenant_id": message.tenant_id, "consumer": consumer, "partition": partition,
         "message_pk": message.id, "message_id": message.message_id,
         "attempts": failure.attempts, "error": failure.error,
-    }):
-        pass
+    })
 
 
 def clear_failure(using: str, consumer: str, partition: int) -> None:
@@ -474,11 +467,10 @@ def advance_leased(
     Returns:
         False when the row was not at ``expected`` or the lease is another's.
     """
-    with execute(using, SQL["advance_leased"], {
+    return affected(using, SQL["advance_leased"], {
         "last_id": position.last, "held": position.json(), "name": name,
         "expected_last_id": expected.last, "expected_held": expected.json(), "owner": owner,
-    }) as cursor:
-        return int(cursor.rowcount) == 1
+    }) == 1
 
 
 # -- rewinding the relay ------------------------------------------------------
@@ -515,8 +507,7 @@ def _mark(row: Sequence[Any] | None) -> StreamMark | None:
 
 def mark_of_message(using: str, message_id: uuid.UUID) -> StreamMark | None:
     """The message ``message_id`` as a place to rewind to (None: not in the outbox)."""
-    with execute(using, SQL["mark_of_message"], {"message_id": message_id}) as cursor:
-        return _mark(cursor.fetchone())
+    return _mark(fetch_one(using, SQL["mark_of_message"], {"message_id": message_id}))
 
 
 def first_mark_since(using: str, since: datetime) -> StreamMark | None:
@@ -525,21 +516,18 @@ def first_mark_since(using: str, since: datetime) -> StreamMark | None:
     A reader set just before it reads every message published since then
     (and maybe some published a little earlier, which sort after it).
     """
-    with execute(using, SQL["first_mark_since"], {"since": since}) as cursor:
-        return _mark(cursor.fetchone())
+    return _mark(fetch_one(using, SQL["first_mark_since"], {"since": since}))
 
 
 def oldest_mark(using: str) -> StreamMark | None:
     """The oldest message still kept (None: the outbox is empty)."""
-    with execute(using, SQL["oldest_mark"]) as cursor:
-        return _mark(cursor.fetchone())
+    return _mark(fetch_one(using, SQL["oldest_mark"]))
 
 
 def count_between(using: str, after: int, upto: Position) -> dict[str, int]:
     """Messages after position ``after`` that ``upto`` has passed, per topic."""
     params = {"after": after, "upto": upto.last, "held": upto.json()}
-    with execute(using, SQL["count_between"], params) as cursor:
-        return {topic: int(count) for topic, count in cursor.fetchall()}
+    return {topic: int(n) for topic, n in fetch_all(using, SQL["count_between"], params)}
 
 
 def set_relay_position(using: str, name: str, position: int) -> bool:
@@ -552,29 +540,26 @@ def set_relay_position(using: str, name: str, position: int) -> bool:
         False when the row does not exist or is not after ``position``.
     """
     params = {"position": position, "name": name}
-    with execute(using, SQL["set_relay_position"], params) as cursor:
-        return int(cursor.rowcount) == 1
+    return affected(using, SQL["set_relay_position"], params) == 1
 
 
 def database_now(using: str) -> datetime:
     """The database clock (every time comparison of the library uses it)."""
-    with execute(using, SQL["database_now"]) as cursor:
-        now: datetime = cursor.fetchone()[0]
-        return now
+    now: datetime = fetch_one(using, SQL["database_now"])[0]
+    return now
 
 
 # -- dead letters -------------------------------------------------------------
 
 def park(using: str, consumer: str, message: Message, attempts: int, error: str) -> None:
     """Copy ``message`` into the dead-letter table, as its tenant (the caller's context)."""
-    with execute(using, SQL["park"], {
+    affected(using, SQL["park"], {
         "tenant_id": message.tenant_id, "consumer": consumer, "message_pk": message.id,
         "message_id": message.message_id, "topic": message.topic, "key": message.key,
         "aggregate_type": message.aggregate_type, "aggregate_id": message.aggregate_id,
         "payload": _to_jsonb(message.payload), "headers": _to_jsonb(message.headers),
         "created_at": message.created_at, "attempts": attempts, "error": error,
-    }):
-        pass
+    })
 
 
 def is_parked(using: str, consumer: str, message_id: uuid.UUID) -> bool:
@@ -651,8 +636,7 @@ def delete_passed_messages(using: str, upto: int, older_than: float, limit: int)
         How many were deleted (fewer than ``limit``: none is left).
     """
     params = {"upto": upto, "older_than": older_than, "limit": limit}
-    with execute(using, SQL["delete_passed_messages"], params) as cursor:
-        return int(cursor.rowcount)
+    return affected(using, SQL["delete_passed_messages"], params)
 
 
 def delete_received(using: str, tenant_id: int, older_than: float, limit: int) -> int:
@@ -662,23 +646,20 @@ def delete_received(using: str, tenant_id: int, older_than: float, limit: int) -
         How many were deleted (fewer than ``limit``: none is left).
     """
     params = {"tenant_id": tenant_id, "older_than": older_than, "limit": limit}
-    with execute(using, SQL["delete_received"], params) as cursor:
-        return int(cursor.rowcount)
+    return affected(using, SQL["delete_received"], params)
 
 
 # -- status -------------------------------------------------------------------
 
 def reader_states(using: str) -> list[ReaderState]:
     """Every reader (consumer partitions and relays): what it has passed and what waits."""
-    with execute(using, SQL["reader_states"]) as cursor:
-        rows = cursor.fetchall()
     return [
         ReaderState(
             name, partition, count, Position.of_row(last_id, held), int(behind), lag,
             first_tenant, idle, attempts, error or "", failing, lease_left, owner,
         )
         for (name, partition, count, last_id, held, behind, lag, first_tenant, idle, attempts,
-             error, failing, lease_left, owner) in rows
+             error, failing, lease_left, owner) in fetch_all(using, SQL["reader_states"])
     ]
 
 
@@ -691,8 +672,7 @@ def count_messages(using: str) -> int:
 
 def last_allocated(using: str) -> int:
     """The last id handed out (0: none yet)."""
-    with execute(using, SQL["last_allocated"]) as cursor:
-        return int(cursor.fetchone()[0])
+    return int(fetch_one(using, SQL["last_allocated"])[0])
 
 
 def count_waiting(using: str, publishers: Sequence[Publisher]) -> int:
@@ -705,14 +685,11 @@ def count_waiting(using: str, publishers: Sequence[Publisher]) -> int:
         for tenant in publisher.tenants:
             lowest[tenant] = min(lowest.get(tenant, publisher.bound), publisher.bound)
     params = {"everyone": everyone, "tenants": list(lowest), "bounds": list(lowest.values())}
-    with execute(using, SQL["count_waiting"], params) as cursor:
-        return int(cursor.fetchone()[0])
+    return int(fetch_one(using, SQL["count_waiting"], params)[0])
 
 
 def publishers_in_flight(using: str) -> list[Publisher]:
     """The transactions that published and are still open, lowest bound first."""
-    with execute(using, SQL["publishers"]) as cursor:
-        rows = cursor.fetchall()
     return [
         Publisher(
             pid, tuple(sorted(tenants)), any_tenant, int(bound), since,
@@ -720,7 +697,7 @@ def publishers_in_flight(using: str) -> list[Publisher]:
             int(waiting),
         )
         for (pid, tenants, any_tenant, bound, since, state, query, user, application, waiting,
-             now) in rows
+             now) in fetch_all(using, SQL["publishers"])
     ]
 
 
@@ -733,8 +710,7 @@ def record_received(using: str, tenant_id: int, receiver: str, message_id: uuid.
         False when it already had (a duplicate).
     """
     params = {"tenant_id": tenant_id, "receiver": receiver, "message_id": message_id}
-    with execute(using, SQL["record_received"], params) as cursor:
-        return int(cursor.rowcount) == 1
+    return affected(using, SQL["record_received"], params) == 1
 
 
 # -- the fence's facts (system checks) ----------------------------------------
@@ -761,6 +737,5 @@ def fence_facts(using: str) -> FenceFacts | None:
 
     Raises DatabaseError where the tables cannot be inspected (not migrated yet).
     """
-    with execute(using, SQL["fence_facts"]) as cursor:
-        row = cursor.fetchone()
+    row = fetch_one(using, SQL["fence_facts"])
     return None if row is None else FenceFacts(*row)

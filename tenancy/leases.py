@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django_idempotency_outbox.sqlfiles import queries
-from tenancy.statements import execute
+from tenancy.statements import affected, fetch_one
 
 
 def owner_id() -> str:
@@ -55,10 +55,8 @@ class Lease:
     using: str
     owner: str = field(default_factory=owner_id)
 
-    def _run(self, statement: str, **params: Any) -> Any:
-        sql = queries(self.package)[statement]
-        with execute(self.using, sql, {"name": self.name, "owner": self.owner, **params}) as cursor:
-            return cursor.fetchone() if cursor.description else cursor.rowcount
+    def _params(self, **params: Any) -> dict[str, Any]:
+        return {"name": self.name, "owner": self.owner, **params}
 
     def claim(self, seconds: float) -> tuple[Any, ...] | None:
         """Take or renew the lease for ``seconds``.
@@ -67,18 +65,21 @@ class Lease:
             The claim's row (what its ``RETURNING`` names), or None while
             another owner's lease runs.
         """
-        row = self._run("claim_lease", seconds=seconds)
+        row = fetch_one(self.using, self._sql("claim_lease"), self._params(seconds=seconds))
         return None if row is None else tuple(row)
 
     def renew(self, seconds: float) -> bool:
         """Extend the lease to ``seconds`` from now; False when it is no longer ``owner``'s."""
-        return bool(self._run("renew_lease", seconds=seconds) == 1)
+        return affected(self.using, self._sql("renew_lease"), self._params(seconds=seconds)) == 1
 
     def release(self) -> None:
         """Give the lease up at once (nothing when it is another's)."""
-        self._run("release_lease")
+        affected(self.using, self._sql("release_lease"), self._params())
 
     def holder(self) -> tuple[str, Any] | None:
         """Who holds it and until when (None: no such lease row)."""
-        row = self._run("lease_holder")
+        row = fetch_one(self.using, self._sql("lease_holder"), self._params())
         return None if row is None else (row[0], row[1])
+
+    def _sql(self, statement: str) -> str:
+        return queries(self.package)[statement]

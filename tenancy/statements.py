@@ -47,3 +47,22 @@ def execute(alias: str, sql: str, params: Any = None) -> Iterator[Any]:
     with connections[alias].cursor() as cursor:
         cursor.execute(sql, params)
         yield cursor
+
+
+def fetch_one(alias: str, sql: str, params: Any = None) -> Any:
+    """Send ``sql`` (:func:`execute`); its first row, or None."""
+    with execute(alias, sql, params) as cursor:
+        return cursor.fetchone()
+
+
+def fetch_all(alias: str, sql: str, params: Any = None) -> list[Any]:
+    """Send ``sql`` (:func:`execute`); every row of its result."""
+    with execute(alias, sql, params) as cursor:
+        return list(cursor.fetchall())
+
+
+def affected(alias: str, sql: str, params: Any = None) -> int:
+    """Send ``sql`` (:func:`execute`); how many rows it inserted, updated or deleted."""
+    with execute(alias, sql, params) as cursor:
+        rowcount: int = cursor.rowcount
+        return rowcount

@@ -36,7 +36,7 @@ PARAMS = {
     "expected_last_id": 0, "expected_held": "{}", "since": datetime.now(UTC),
     "upto": 0, "position": 0, "older_than": 1.0, "receiver": "r", "everyone": 0,
     "tenants": [], "bounds": [], "count": "1", "timeout_ms": "1000",
-    "created_at": datetime.now(UTC), "slot": "s", "passed_before": "1",
+    "created_at": datetime.now(UTC), "slot": "s", "passed_before": "1", "holder": "r",
 }
 
 
