@@ -108,7 +108,7 @@ def tracing_celery_app(queue: str):
     from celery import Celery
     from django.conf import settings
 
-    from outbox.receivers import receiver
+    from outbox import receiver
     from tenancy import current_tenant_id
     from tests.testapp.models import Order
 
@@ -130,7 +130,7 @@ def test_the_trace_reaches_a_celery_receiver_through_the_task_headers(settings):
 
     queue = f"dio-tracing-{uuid.uuid4().hex[:8]}"
     app = tracing_celery_app(queue)
-    settings.OUTBOX = {**settings.OUTBOX, "CELERY_SEND_TASK": False, "CELERY_APP": app,
+    settings.OUTBOX = {**settings.OUTBOX, "CELERY_APP": app,
                        "CELERY_TASK": "tests.tracing.receive", "CELERY_QUEUE": queue}
     seen_headers: list[str | None] = []
 
