@@ -623,6 +623,16 @@ CATALOGUE: list[Mutant] = [
         (O_RABBITMQ + "::test_confirms_that_do_not_come_within_confirm_timeout_fail_the_batch",),
     ),
     mutant(
+        "celery.private-name-used", "outbox.celery",
+        "the library uses kombu's, py-amqp's and Celery's public API only (issue 27: a scan "
+        "keeps it so)",
+        "outbox/celery.py",
+        "    if not name:\n        return current_app\n",
+        "    if not name:\n        return current_app._get_current_object()\n",
+        (OUTBOX + "test_upstream.py::test_the_library_names_nothing_private_of_kombu_amqp_or"
+         "_celery",),
+    ),
+    mutant(
         "celery.publish-signals-skipped", "outbox.transports",
         "the Celery transport publishes through Celery's send_task_message: its publish "
         "signals fire for every message",
