@@ -687,6 +687,76 @@ CATALOGUE: list[Mutant] = [
         "        pass\n",
         (O_TASKS,),
     ),
+    mutant(
+        "tasks.retry-not-deferred", "outbox.django_tasks",
+        "a receiver task's retry waits its pause where the backend can defer (run_after)",
+        "outbox/django_tasks.py",
+        "    if task.get_backend().supports_defer and pause > 0:",
+        "    if False:",
+        (O_TASKS + "::test_a_retry_waits_a_second_doubled_per_attempt_up_to_the_longest_pause",),
+    ),
+    mutant(
+        "tasks.retry-pause-not-doubled", "outbox.django_tasks",
+        "a receiver task's retry pause is 1 s doubled per attempt, up to "
+        "RECEIVER_RETRY_BACKOFF_MAX",
+        "outbox/django_tasks.py",
+        "        pause = retry_pause(attempt)\n",
+        "        pause = retry_pause(1)\n",
+        (O_TASKS + "::test_a_retry_waits_a_second_doubled_per_attempt_up_to_the_longest_pause",),
+    ),
+    mutant(
+        "tasks.unsettled-reported-successful", "outbox.django_tasks",
+        "a task ends FAILED when it could not settle its message (nor park it, nor enqueue "
+        "its retry)",
+        "outbox/django_tasks.py",
+        "        _enqueue_again(task, envelope, attempt, pause)\n",
+        "        try:\n            _enqueue_again(task, envelope, attempt, pause)\n"
+        "        except Exception:\n            pass\n",
+        (O_TASKS + "::test_a_task_that_cannot_settle_its_message_ends_failed_and_requeue_makes"
+         "_it_ready",),
+    ),
+    mutant(
+        "tasks.failed-not-requeued", "outbox.django_tasks",
+        "requeue_outbox_tasks makes a receiver task that ended FAILED ready again",
+        "outbox/django_tasks.py",
+        '            .filter(Q(status="RUNNING", started_at__lt=before) | Q(status="FAILED"))',
+        '            .filter(Q(status="RUNNING", started_at__lt=before))',
+        (O_TASKS + "::test_a_task_that_cannot_settle_its_message_ends_failed_and_requeue_makes"
+         "_it_ready",),
+    ),
+    mutant(
+        "tasks.requeue-takes-other-tasks", "outbox.django_tasks",
+        "requeue_outbox_tasks touches only the tasks TASKS_TASK names",
+        "outbox/django_tasks.py",
+        "            .filter(task_path__in=paths)\n",
+        "",
+        (O_TASKS + "::test_requeue_touches_only_the_tasks_tasks_task_names",),
+    ),
+    mutant(
+        "tasks.requeue-every-once", "outbox.django_tasks",
+        "requeue_outbox_tasks --every looks again every SECONDS until SIGTERM",
+        "outbox/management/commands/requeue_outbox_tasks.py",
+        "            if every is None or stop.wait(every):\n                return",
+        "            return",
+        (O_TASKS + "::test_requeue_every_looks_again_until_sigterm",),
+    ),
+    mutant(
+        "tasks.requeue-every-killed-by-sigterm", "outbox.django_tasks",
+        "requeue_outbox_tasks --every stops cleanly on SIGTERM (exit 0)",
+        "outbox/management/commands/requeue_outbox_tasks.py",
+        "                signal.signal(sig, lambda *_: stop.set())",
+        "                pass",
+        (O_TASKS + "::test_requeue_every_looks_again_until_sigterm",),
+    ),
+    mutant(
+        "tasks.requeue-without-tasks-db-exits-0", "outbox.django_tasks",
+        "requeue_outbox_tasks without django-tasks-db says so and exits non-zero",
+        "outbox/management/commands/requeue_outbox_tasks.py",
+        "            except ConfigurationError as exc:\n                raise CommandError(str(exc)) from exc",
+        "            except ConfigurationError as exc:\n                self.stderr.write(str(exc))\n"
+        "                return",
+        (O_TASKS + "::test_requeue_without_django_tasks_db_exits_non_zero_saying_so",),
+    ),
     # --- outbox: loops ---------------------------------------------------------------------------
     mutant(
         "loops.sigterm-mid-batch", "outbox.consumers",
