@@ -464,6 +464,15 @@ CATALOGUE: list[Mutant] = [
         (O_CLAIMS, OUTBOX + "test_relay.py"),
     ),
     mutant(
+        "relay.lease-four-seconds", "outbox.conf",
+        "a relay that dies is replaced about a second later (RELAY_LEASE 1 s)",
+        "outbox/conf.py",
+        "    RELAY_LEASE = Setting(timedelta(seconds=1), seconds(allow_zero=False))",
+        "    RELAY_LEASE = Setting(timedelta(seconds=4), seconds(allow_zero=False))",
+        (OUTBOX + "test_failover.py::test_a_relay_killed_by_sigkill_is_replaced_by_a_waiting_one"
+         "_about_a_second_later",),
+    ),
+    mutant(
         "relay.failed-send-advances", "outbox.relay",
         "if the broker fails, the offset stays put and the batch is sent again",
         "outbox/relay.py",
@@ -631,6 +640,15 @@ CATALOGUE: list[Mutant] = [
         "    if not name:\n        return current_app._get_current_object()\n",
         (OUTBOX + "test_upstream.py::test_the_library_names_nothing_private_of_kombu_amqp_or"
          "_celery",),
+    ),
+    mutant(
+        "celery.trace-context-shared", "outbox.transports",
+        "with tracing on, each relayed Celery task carries its own message's trace context",
+        "outbox/transports.py",
+        '                    headers=tracing.context_headers(envelope.data().get("headers"))',
+        '                    headers=tracing.context_headers(envelopes[0].data().get("headers"))',
+        ("tests/shared/test_tracing.py::test_the_trace_reaches_a_celery_receiver_through_the"
+         "_task_headers",),
     ),
     mutant(
         "celery.publish-signals-skipped", "outbox.transports",
@@ -1401,7 +1419,7 @@ CATALOGUE: list[Mutant] = [
         " WHERE name = %s AND partition = %s\n   FOR UPDATE SKIP LOCKED\n",
         " WHERE name = %s AND partition = %s\n",
         (OUTBOX + "test_failover.py::test_a_consumer_killed_mid_batch_is_replaced_by_a_running_one"
-         "_within_seconds",),
+         "_at_once",),
     ),
     mutant(
         "consumer.retry-by-app-clock", "outbox.store",
