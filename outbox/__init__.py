@@ -46,7 +46,7 @@ __getattr__ = lazy_exports(
         "run_consumers": "outbox.consumers",
         "Message": "outbox.stream",
         "receive": "outbox.receivers",
-        "receiver": "outbox.receivers",
+        "receiver": "outbox.celery",
         "receiver_task": "outbox.django_tasks",
         "ReceiverTask": "outbox.celery",
         "Relay": "outbox.relay",
@@ -64,13 +64,13 @@ __getattr__ = lazy_exports(
 )
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
-    from outbox.celery import ReceiverTask
+    from outbox.celery import ReceiverTask, receiver
     from outbox.consumers import Consumer, run_consumers
     from outbox.django_tasks import receiver_task
     from outbox.exceptions import ConsumerConfigError, NoTenant, NotInTransaction, OutboxError
     from outbox.observation import observe, status
     from outbox.publishing import publish
-    from outbox.receivers import receive, receiver
+    from outbox.receivers import receive
     from outbox.relay import Relay
     from outbox.stream import Message
     from outbox.testing import InMemoryTransport, relay_pending

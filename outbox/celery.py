@@ -1,7 +1,7 @@
 """The Celery side of receivers: retries, dead letters, and the settings they need.
 
-A Celery task built with :func:`outbox.receiver` is what the relay's messages
-end in, so its failures must not lose them. Run by a worker, a receiver that
+A Celery task built with :func:`receiver` (``outbox.receiver``) is what the
+relay's messages end in, so its failures must not lose them. Run by a worker, a receiver that
 fails (a lost database, a deadlock, a broker error, a bug) is retried with a
 growing pause (1 s, doubling up to ``OUTBOX["RECEIVER_RETRY_BACKOFF_MAX"]``);
 after ``RECEIVER_MAX_ATTEMPTS`` attempts the message is parked in
@@ -35,13 +35,14 @@ the app's defaults::
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 from urllib.parse import urlsplit
 
-from celery import Task
+from celery import Task, current_app
 from celery.exceptions import Ignore, Reject, Retry
 from celery.signals import worker_ready
 from django.utils.module_loading import import_string
@@ -50,13 +51,10 @@ from kombu.utils.url import maybe_sanitize_url
 from outbox import signing
 from outbox.conf import outbox_settings
 from outbox.exceptions import BadSignature
-from outbox.receivers import park, retry_pause
+from outbox.receivers import park, receive, retry_pause
 from outbox.stream import Message
 
 if TYPE_CHECKING:  # Task is generic in celery-types; older Celery's Task takes no subscript
-    from celery import Celery
-    from celery.local import Proxy
-
     _TaskBase = Task[..., Any]
 else:
     _TaskBase = Task
@@ -98,16 +96,58 @@ def running_task(run: Callable[..., Any]) -> Task[..., Any] | None:
     None when ``run`` is called as a plain function, through ``apply()`` or
     eagerly, or from inside another task's body.
     """
-    from celery import current_task
-
-    # celery-types declares current_task as the task; it is a proxy of the task or None
-    task = cast("Proxy[Task[..., Any] | None]", current_task)._get_current_object()
+    task = current_app.current_task
     if task is None or getattr(task, "run", None) is not run:
         return None
     request = task.request
     if request.called_directly or request.is_eager:
         return None
-    return task
+    return cast("Task[..., Any]", task)
+
+
+def receiver(
+    name: str, *, using: str | None = None
+) -> Callable[[Callable[..., T]], Callable[..., T | None]]:
+    """Decorate a Celery task's function to receive outbox envelopes once each.
+
+    The decorated function takes a :class:`~outbox.stream.Message` (plus any
+    further arguments the task is called with) and is skipped for a duplicate
+    (:func:`outbox.receivers.receive`). When a Celery worker runs it as a
+    task's body, a failure is retried with backoff (1 s, doubled per attempt
+    up to ``OUTBOX["RECEIVER_RETRY_BACKOFF_MAX"]``) up to
+    ``OUTBOX["RECEIVER_MAX_ATTEMPTS"]`` attempts, then the message is parked
+    in ``outbox_dead_letters`` as ``celery:<task name>`` (:func:`deliver`).
+    Called directly, eagerly or by ``apply()``, a failure simply propagates.
+    An envelope whose signature does not verify (``OUTBOX["SIGNING_KEYS"]``)
+    is refused as :func:`~outbox.receivers.receive` refuses it, and a worker
+    neither retries nor parks it.
+
+    Example::
+
+        @app.task(base=ReceiverTask, name="shop.order_created")
+        @receiver("shop.order_created")
+        def order_created(message):
+            Invoice.objects.create(tenant_id=message.tenant_id, order_id=message.payload["id"])
+    """
+
+    def decorate(func: Callable[..., T]) -> Callable[..., T | None]:
+        @functools.wraps(func)
+        def wrapper(envelope: dict[str, Any] | Message, *args: Any, **kwargs: Any) -> T | None:
+            def handle(message: dict[str, Any] | Message) -> T | None:
+                _, result = receive(
+                    message, lambda m: func(m, *args, **kwargs), receiver=name, using=using
+                )
+                return result
+
+            task = running_task(wrapper)
+            if task is None:
+                return handle(envelope)
+            return deliver(task, envelope, handle, using=using)
+
+        wrapper.outbox_receiver = name  # type: ignore[attr-defined]
+        return wrapper
+
+    return decorate
 
 
 def deliver(task: Task[..., Any], envelope: Any, handle: Callable[[Message], T],
@@ -144,7 +184,7 @@ def deliver(task: Task[..., Any], envelope: Any, handle: Callable[[Message], T],
     except Exception as exc:
         limit = outbox_settings.RECEIVER_MAX_ATTEMPTS
         if attempt < limit:
-            pause = _pause(attempt)
+            pause = retry_pause(attempt)
             logger.warning(
                 "outbox: task %s failed on message %s of tenant %s (attempt %d of %d): %s: %s;"
                 " retrying in %.1f s", task.name, message.message_id, message.tenant_id,
@@ -152,7 +192,7 @@ def deliver(task: Task[..., Any], envelope: Any, handle: Callable[[Message], T],
             )
             _retry(task, exc, pause)
         try:
-            _park(task, message, attempt, exc, using)
+            park(dead_letter_name(task.name), message, attempt, exc, using=using)
         except Exception as parking:
             pause = outbox_settings.RECEIVER_RETRY_BACKOFF_MAX
             logger.error(
@@ -170,10 +210,6 @@ def deliver(task: Task[..., Any], envelope: Any, handle: Callable[[Message], T],
         raise
 
 
-def _pause(attempt: int) -> float:
-    return retry_pause(attempt)
-
-
 def _retry(task: Task[..., Any], exc: Exception, pause: float) -> NoReturn:
     # Celery's own limit must not stop us first: ours is the attempts setting.
     limit = task.request.retries + 1
@@ -188,11 +224,6 @@ def _retry(task: Task[..., Any], exc: Exception, pause: float) -> NoReturn:
     raise AssertionError("Task.retry() returned")  # pragma: no cover - it always raises
 
 
-def _park(task: Task[..., Any], message: Message, attempts: int, exc: Exception,
-          using: str | None) -> None:
-    park(dead_letter_name(task.name), message, attempts, exc, using=using)
-
-
 # -- re-driving ------------------------------------------------------------------
 
 
@@ -200,11 +231,18 @@ def celery_app() -> Any:
     """The Celery app the outbox sends to: ``OUTBOX["CELERY_APP"]``, else Celery's current app."""
     name = outbox_settings.CELERY_APP
     if not name:
-        from celery import current_app
-
-        # celery-types declares current_app as the app; it is a proxy of it
-        return cast("Proxy[Celery]", current_app)._get_current_object()
+        return current_app
     return import_string(name) if isinstance(name, str) else name
+
+
+def route(app: Any, task: str) -> dict[str, Any]:
+    """Celery's options for sending ``task`` from the outbox: its queue and exchange.
+
+    ``OUTBOX["CELERY_QUEUE"]`` when set, else the app's routing (``task_routes``,
+    then its default queue), as ``send_task`` routes a task.
+    """
+    queue = outbox_settings.CELERY_QUEUE
+    return dict(app.amqp.router.route({"queue": queue} if queue else {}, task, (), {}))
 
 
 def receiver_body(task_name: str) -> Callable[..., Any] | None:
@@ -305,23 +343,10 @@ def is_amqp(app: Any) -> bool:
 
 
 def relay_queues(app: Any) -> dict[str, Any]:
-    """The kombu Queue each task the outbox's Celery transport sends to is routed to, by task.
-
-    The tasks are those ``OUTBOX["CELERY_TASK"]`` names; the queue is ``OUTBOX["CELERY_QUEUE"]``,
-    else Celery's routing (as the transport does). A task whose route names
-    no queue Celery knows is left out (Celery creates it as a durable queue).
-    """
-    tasks = set(outbox_settings.CELERY_TASK.values())
-    found: dict[str, Any] = {}
-    for task in sorted(tasks):
-        name = outbox_settings.CELERY_QUEUE
-        queue = app.amqp.queues[name] if name else (
-            app.amqp.router.route({}, task, (), {}).get("queue"))
-        if isinstance(queue, str):
-            queue = app.amqp.queues[queue]
-        if queue is not None:
-            found[task] = queue
-    return found
+    """The kombu Queue of each task ``OUTBOX["CELERY_TASK"]`` names, as :func:`route` routes it."""
+    found = {task: route(app, task).get("queue") for task in sorted(
+        set(outbox_settings.CELERY_TASK.values()))}
+    return {task: queue for task, queue in found.items() if queue is not None}
 
 
 def transient_reason(queue: Any) -> str | None:
@@ -369,13 +394,12 @@ def check_broker(app: Any) -> list[Problem]:
                 "them.",
                 "Declare it durable, not auto-delete or exclusive, with persistent delivery "
                 "(kombu's defaults)."))
-    if (outbox_settings.CELERY_SEND_TASK
-            and app.conf.task_default_delivery_mode in _TRANSIENT):
+    if app.conf.task_default_delivery_mode in _TRANSIENT:
         problems.append(Problem(
             "outbox.E112",
-            "task_default_delivery_mode is 'transient' and OUTBOX[\"CELERY_SEND_TASK\"] sends "
-            "through Celery: RabbitMQ keeps transient messages in memory only and loses them "
-            "when it restarts, after the relay has moved past them.",
+            "task_default_delivery_mode is 'transient': the relay's messages and the receivers' "
+            "retries are sent as transient, and RabbitMQ keeps those in memory only and loses "
+            "them when it restarts, after the relay has moved past them.",
             "Set task_default_delivery_mode = 'persistent' (Celery's default)."))
     return problems
 

@@ -19,7 +19,6 @@ from typing import Any
 from django_idempotency_outbox.conf import (
     AppSettings,
     Setting,
-    boolean,
     dotted_path_or_object,
     integer,
     objects,
@@ -107,6 +106,8 @@ class OutboxSettings(AppSettings):
         "TASKS_TOPIC_TASKS": 'OUTBOX["TASKS_TASK"] takes the same dict (topic -> task, '
         '"*" for every other topic).',
         "TASKS_STALLED_AFTER": "requeue_outbox_tasks --stalled-after (30 s unless given).",
+        "CELERY_SEND_TASK": "the Celery transport always publishes through Celery's "
+        "send_task_message: Celery's publish signals fire for every message.",
         "RECEIVER_RETRY_BACKOFF": "a receiver's first pause is 1 s, doubling up to "
         'OUTBOX["RECEIVER_RETRY_BACKOFF_MAX"].',
         "RECEIVED_RETENTION": 'receivers remember message ids as long as messages are kept '
@@ -143,10 +144,6 @@ class OutboxSettings(AppSettings):
     CELERY_TASK: Setting[dict[str, str]] = Setting(None, task_routes)
     #: Celery transport: queue for the sent tasks; None leaves it to task_routes.
     CELERY_QUEUE = Setting(None, optional(text()))
-    #: Celery transport: True sends through app.send_task (slower; runs the
-    #: publish signals); False builds the message with Celery and publishes
-    #: it with kombu directly.
-    CELERY_SEND_TASK = Setting(False, boolean)
     #: Django tasks transport (outbox.django_tasks.DjangoTasksTransport): the
     #: task (dotted path of a Django Task) each message is enqueued to, or a
     #: dict topic -> task ("*": every other topic).

@@ -1,4 +1,4 @@
-"""Receiving relayed messages in Celery tasks, each message's effect once.
+"""Receiving relayed messages, each message's effect once, whatever runs the receiver.
 
 The relay delivers at least once, so a task may receive a message twice. The
 receiver records the message id in ``outbox_received`` in the same
@@ -10,22 +10,14 @@ when the first commits.
 With ``OUTBOX["SIGNING_KEYS"]`` set, an envelope whose signature does not
 verify is refused before anything else (:mod:`outbox.signing`).
 
-Run by a Celery worker, a task built with :func:`receiver` does not let a
-failure lose the message: it is retried with a growing pause, and parked in
-the dead-letter table when its attempts run out (:mod:`outbox.celery`; the
-worker and broker settings this needs are in docs/outbox.md).
-
-Example::
-
-    @app.task(base=ReceiverTask, name="shop.order_created")
-    @receiver("shop.order_created")
-    def order_created(message):
-        Invoice.objects.create(tenant_id=message.tenant_id, order_id=message.payload["id"])
+A receiver that fails is retried with a growing pause (:func:`retry_pause`)
+and parked in the dead-letter table when its attempts run out (:func:`park`):
+Celery's receivers are tasks built with :func:`outbox.celery.receiver`
+(``outbox.receiver``), Django's with :func:`outbox.django_tasks.receiver_task`.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import traceback
 from collections.abc import Callable
@@ -59,7 +51,7 @@ def receive(
 
     Runs in one transaction on the app alias, as the message's tenant. A
     failure propagates, with everything rolled back: retrying it is the
-    caller's business (:func:`receiver` does it in a Celery worker).
+    caller's business (a receiver task does it: :func:`outbox.celery.receiver`).
 
     With ``OUTBOX["SIGNING_KEYS"]`` set, an envelope is first verified: one
     that the relay did not sign, or that was altered on the way, is refused
@@ -96,54 +88,6 @@ def receive(
             result = handler(message)
     metrics.consumed(receiver)  # committed
     return True, result
-
-
-def receiver(
-    name: str, *, using: str | None = None
-) -> Callable[[Callable[..., T]], Callable[..., T | None]]:
-    """Decorate a task function to receive outbox envelopes once each.
-
-    The decorated function takes a :class:`Message` (plus any further
-    arguments the task is called with) and is skipped for a duplicate. When a
-    Celery worker runs it as a task's body, a failure is retried with backoff
-    (1 s, doubled per attempt up to ``OUTBOX["RECEIVER_RETRY_BACKOFF_MAX"]``) up to
-    ``OUTBOX["RECEIVER_MAX_ATTEMPTS"]`` attempts, then the message is parked in
-    ``outbox_dead_letters`` as ``celery:<task name>`` (see :mod:`outbox.celery`).
-    Called directly, eagerly or by ``apply()``, a failure simply propagates.
-    An envelope whose signature does not verify (``OUTBOX["SIGNING_KEYS"]``)
-    is refused as :func:`receive` refuses it, and a worker neither retries
-    nor parks it.
-    """
-
-    def decorate(func: Callable[..., T]) -> Callable[..., T | None]:
-        @functools.wraps(func)
-        def wrapper(envelope: dict[str, Any] | Message, *args: Any, **kwargs: Any) -> T | None:
-            def handle(message: dict[str, Any] | Message) -> T | None:
-                _, result = receive(
-                    message, lambda m: func(m, *args, **kwargs), receiver=name, using=using
-                )
-                return result
-
-            task = _running_task(wrapper)
-            if task is None:
-                return handle(envelope)
-            from outbox.celery import deliver
-
-            return deliver(task, envelope, handle, using=using)
-
-        wrapper.outbox_receiver = name  # type: ignore[attr-defined]
-        return wrapper
-
-    return decorate
-
-
-def _running_task(run: Callable[..., Any]) -> Any:
-    """The Celery task a worker runs with ``run`` as its body (None without Celery)."""
-    try:
-        from outbox.celery import running_task
-    except ImportError:  # Celery is an optional extra
-        return None
-    return running_task(run)
 
 
 # -- what a worker does when a receiver fails (Celery's and Django tasks' alike) ----

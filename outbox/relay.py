@@ -201,9 +201,7 @@ class _ReadAhead:
     def _read(self, position: Position) -> Batch[Any]:
         relay = self._relay
         close_old_connections()  # this thread's connection, as run_loop does for the relay's
-        if relay.transport.reads_envelopes:
-            return store.read_envelopes(relay.alias, position, relay.batch_size)
-        return store.read_batch(relay.alias, position, relay.batch_size)
+        return relay._read(position)
 
 
 def _close(alias: str) -> None:
@@ -296,7 +294,9 @@ class Relay:
             self._heartbeat = None
 
     def _read(self, position: Position) -> Batch[Message] | Batch[Envelope]:
-        if self.transport.reads_envelopes:  # PostgreSQL writes the JSON
+        """The batch after ``position``, as the transport takes it (Envelopes: PostgreSQL
+        writes the JSON)."""
+        if self.transport.reads_envelopes:
             return store.read_envelopes(self.alias, position, self.batch_size)
         return store.read_batch(self.alias, position, self.batch_size)
 
@@ -339,10 +339,7 @@ class Relay:
             batch = signing.signed(batch, keys[0])
         try:
             with _relay_spans(self.name, batch.messages):
-                if self.transport.reads_envelopes:
-                    self.transport.send_envelopes(batch.messages)  # type: ignore[arg-type]
-                else:
-                    self.transport.send(batch.messages)  # type: ignore[arg-type]
+                self.transport.send(batch.messages)  # type: ignore[arg-type]
         except DATABASE_ERRORS:
             raise
         except Exception as exc:

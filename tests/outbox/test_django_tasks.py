@@ -15,10 +15,13 @@ import re
 import signal
 import sys
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from django.core import checks
 from django.core.management import call_command
+from psycopg import sql
 
 from tests.helpers import count_rows, observer
 from tests.outbox.support.helpers import (
@@ -36,6 +39,7 @@ pytest.importorskip("django_tasks_db", reason="django-tasks-db is in the test de
 A, B = 1, 2
 TASKS = {**SUBPROCESS_SETTINGS, "DJANGO_SETTINGS_MODULE": SUPPORT + ".tasks_process_settings"}
 NO_CELERY = {**TASKS, "DJANGO_SETTINGS_MODULE": SUPPORT + ".no_celery_process_settings"}
+NO_TASKS_DB = {**TASKS, "DJANGO_SETTINGS_MODULE": SUPPORT + ".no_tasks_db_process_settings"}
 TASK_PATH = "tests.outbox.support.tasks_receiver.receive"
 TABLE = "django_tasks_database_dbtaskresult"
 
@@ -74,12 +78,17 @@ def _empty_queue(tasks_tables):
 
 
 def results() -> list[dict]:
-    """Every task row: status, return value, attempt (from its kwargs)."""
+    """Every task row: status, return value, attempt (from its kwargs), and when it was
+    enqueued, deferred to and started (seconds since the epoch, per the database)."""
     with observer() as conn:
-        rows = conn.execute(f"SELECT status, return_value, args_kwargs FROM {TABLE}"
-                            " ORDER BY enqueued_at").fetchall()
-    return [{"status": s, "value": v, "attempt": a["kwargs"].get("attempt", 1)}
-            for s, v, a in rows]
+        rows = conn.execute(
+            f"SELECT status, return_value, args_kwargs, extract(epoch FROM enqueued_at),"
+            f" extract(epoch FROM run_after), extract(epoch FROM started_at), task_path, id"
+            f" FROM {TABLE} ORDER BY enqueued_at").fetchall()
+    return [{"status": s, "value": v, "attempt": a["kwargs"].get("attempt", 1),
+             "enqueued": float(e), "run_after": float(r),
+             "started": None if b is None else float(b), "path": p, "id": i}
+            for s, v, a, e, r, b, p, i in rows]
 
 
 def relay(tmp_path, expected: int, env: dict[str, str] = TASKS) -> None:
@@ -212,6 +221,7 @@ def test_a_failing_receiver_task_is_retried_then_parked_and_a_redrive_handles_it
     done = results()
     assert [r["attempt"] for r in done] == [1, 2, 3]
     assert [r["value"]["outcome"] for r in done] == ["retried", "retried", "parked"]
+    assert [r["status"] for r in done] == ["SUCCESSFUL"] * 3  # each settled its message
     with observer() as conn:
         row = conn.execute("SELECT tenant_id, consumer, message_id, attempts, error"
                            " FROM outbox_dead_letters").fetchone()
@@ -223,6 +233,145 @@ def test_a_failing_receiver_task_is_retried_then_parked_and_a_redrive_handles_it
     assert "re-driven: 1 handled, 0 failed again, 0 not found" in out
     assert effects() == {str(ids[0]): 1}
     assert count_rows("outbox_dead_letters") == 0 and count_rows("outbox_received") == 1
+
+
+def test_a_retry_waits_a_second_doubled_per_attempt_up_to_the_longest_pause(tmp_path):
+    """RECEIVER_RETRY_BACKOFF_MAX 3 s, 4 attempts: each retry is enqueued to run 1, 2,
+    then 3 s later (django-tasks-db defers: run_after), and the worker waits for it."""
+    failing = tmp_path / "failing"
+    failing.touch()
+    publish_many(B, "order.placed", [{"sku": "poison", "fail_while": str(failing)}])
+    relay(tmp_path, 1)
+    proc = worker(tmp_path, "worker", {**TASKS, "DIO_RECEIVER_MAX_ATTEMPTS": "4",
+                                       "DIO_RECEIVER_RETRY_BACKOFF_MAX": "3"})
+    try:
+        wait_for(lambda: count_rows("outbox_dead_letters") == 1, "the message parked")
+        assert proc.stop() == 0
+    finally:
+        proc.kill()
+    done = results()
+    assert [r["attempt"] for r in done] == [1, 2, 3, 4]
+    assert [r["value"]["outcome"] for r in done] == ["retried", "retried", "retried", "parked"]
+    deferred = [r["run_after"] - r["enqueued"] for r in done[1:]]
+    for pause, expected in zip(deferred, [1.0, 2.0, 3.0], strict=True):
+        assert expected - 0.25 <= pause <= expected, deferred  # enqueued just after it is set
+    for retry in done[1:]:
+        assert retry["started"] >= retry["run_after"]  # the worker waited for it
+
+
+@contextmanager
+def inserts_refused(*tables: str) -> Iterator[None]:
+    """No role but each table's owner may INSERT into ``tables`` inside the block."""
+    with observer() as conn:
+        grants = conn.execute(
+            "SELECT c.relname, a.grantee::regrole::text FROM pg_class c,"
+            " aclexplode(c.relacl) a WHERE c.relname = ANY(%s) AND a.privilege_type = 'INSERT'"
+            " AND a.grantee <> c.relowner", [list(tables)]).fetchall()
+        assert {table for table, _ in grants} == set(tables), grants
+        for table, role in grants:
+            conn.execute(sql.SQL("REVOKE INSERT ON {} FROM {}").format(
+                sql.Identifier(table), sql.Identifier(role)))
+    try:
+        yield
+    finally:
+        with observer() as conn:
+            for table, role in grants:
+                conn.execute(sql.SQL("GRANT INSERT ON {} TO {}").format(
+                    sql.Identifier(table), sql.Identifier(role)))
+
+
+def test_a_task_that_cannot_settle_its_message_ends_failed_and_requeue_makes_it_ready(
+    tmp_path
+):
+    """The receiver fails at its last attempt; neither its dead letter nor a retry can be
+    written (INSERT refused on both tables): the task ends FAILED, and once the database
+    takes writes again requeue_outbox_tasks gives it back to a worker, which handles it."""
+    failing = tmp_path / "failing"
+    failing.touch()
+    ids = publish_many(A, "order.placed", [{"sku": "unsettled", "fail_while": str(failing)}])
+    relay(tmp_path, 1)
+    with inserts_refused(TABLE, "outbox_dead_letters"):
+        out = manage(tmp_path, "db_worker", "--batch", "--no-startup-delay",
+                     env={**TASKS, "DIO_RECEIVER_MAX_ATTEMPTS": "1"}, name="db_worker")
+    [failed] = results()
+    assert failed["status"] == "FAILED", failed
+    assert "could not park message" in out, out[-3000:]
+    with observer() as conn:
+        (traceback,) = conn.execute(f"SELECT traceback FROM {TABLE}").fetchone()
+    assert "permission denied" in traceback  # the retry's enqueue, refused
+    assert count_rows("outbox_dead_letters") == 0 and effects() == {}
+    failing.unlink()
+    out = manage(tmp_path, "requeue_outbox_tasks", name="requeue")
+    assert "1 receiver task(s) made ready again" in out
+    assert [r["status"] for r in results()] == ["READY"]
+    manage(tmp_path, "db_worker", "--batch", "--no-startup-delay", name="db_worker-2")
+    assert effects() == {str(ids[0]): 1}
+    assert [(r["status"], r["value"]) for r in results()] == [
+        ("SUCCESSFUL", {"outcome": "handled"})]
+
+
+# -- requeue_outbox_tasks: its scope, --every, without django-tasks-db ----------------------
+
+
+def set_task(task_id, **columns: object) -> None:
+    """Set a task row's columns (``started_at_ago``: seconds before now)."""
+    ago = columns.pop("started_at_ago", None)
+    with observer() as conn:
+        for column, value in columns.items():
+            conn.execute(sql.SQL("UPDATE {} SET {} = %s WHERE id = %s").format(
+                sql.Identifier(TABLE), sql.Identifier(column)), [value, task_id])
+        if ago is not None:
+            conn.execute(sql.SQL("UPDATE {} SET started_at = now() - make_interval(secs => %s)"
+                                 " WHERE id = %s").format(sql.Identifier(TABLE)),
+                         [ago, task_id])
+
+
+def test_requeue_touches_only_the_tasks_tasks_task_names(tmp_path):
+    """Tasks of another path, RUNNING for an hour or FAILED, stay as they are."""
+    publish_many(A, "order.placed", [{"sku": f"q{i}"} for i in range(3)])
+    relay(tmp_path, 3)
+    other, other_failed, ours = (r["id"] for r in results())
+    set_task(other, task_path="tests.elsewhere.task", status="RUNNING", started_at_ago=3600)
+    set_task(other_failed, task_path="tests.elsewhere.task", status="FAILED")
+    set_task(ours, status="FAILED")
+    out = manage(tmp_path, "requeue_outbox_tasks", "--stalled-after", "1", name="requeue")
+    assert "1 receiver task(s) made ready again" in out
+    statuses = {r["id"]: r["status"] for r in results()}
+    assert statuses == {other: "RUNNING", other_failed: "FAILED", ours: "READY"}
+
+
+def test_requeue_every_looks_again_until_sigterm(tmp_path):
+    publish_many(A, "order.placed", [{"sku": f"e{i}"} for i in range(2)])
+    relay(tmp_path, 2)
+    first, second = (r["id"] for r in results())
+    proc = Process.manage("requeue_outbox_tasks", "--every", "0.2",
+                          log=tmp_path / "requeue-every.log", env=TASKS)
+    try:
+        proc.wait_output("looking every 0.2 s")
+        set_task(first, status="FAILED")
+        wait_for(lambda: proc.output.count("1 receiver task(s) made ready again") == 1,
+                 "the first FAILED task made ready")
+        set_task(second, status="FAILED")
+        wait_for(lambda: proc.output.count("1 receiver task(s) made ready again") == 2,
+                 "the second, on a later look")
+        assert proc.stop() == 0  # SIGTERM: it ends at once, cleanly
+    finally:
+        proc.kill()
+    assert [r["status"] for r in results()] == ["READY", "READY"]
+
+
+@pytest.mark.parametrize("every", [[], ["--every", "1"]], ids=["once", "every"])
+def test_requeue_without_django_tasks_db_exits_non_zero_saying_so(tmp_path, every):
+    proc = Process.manage("requeue_outbox_tasks", *every, log=tmp_path / "requeue.log",
+                          env=NO_TASKS_DB)
+    try:
+        code = proc.popen.wait(120)
+    finally:
+        proc.kill()
+    assert code == 1, proc.output[-2000:]
+    assert ("CommandError: requeue_outbox_tasks needs django-tasks-db (django_tasks_db)"
+            in proc.output), proc.output[-2000:]
+    assert "django_tasks_db modules loaded: none" in proc.output  # the blocker held
 
 
 # -- signatures --------------------------------------------------------------------------

@@ -2,9 +2,11 @@
 slow one is never displaced; a clean stop hands over at once.
 
 Real processes (``manage.py relay_outbox`` / ``run_consumers``) against the
-test database and Redis. The bounds asserted here are generous on purpose
-(timing is measured by ``make bench-outbox``); each test prints what it
-measured (``pytest -s``).
+test database and Redis. The takeovers are held to the documented figures: a
+SIGKILLed relay's lease runs out ``RELAY_LEASE`` (1 s) after its last renewal
+and a waiting relay tries every ``POLL_INTERVAL``; a SIGKILLed consumer's
+partition is free at once. Each bound allows a second more for the processes
+and the test's own polling; each test prints what it measured (``pytest -s``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from tests.outbox.support.helpers import (
 from tests.outbox.support.recorders import SlowRecorder
 
 A = 1
+#: docs/outbox.md: RELAY_LEASE is 1 s and the loops poll every 50 ms (POLL_INTERVAL).
+DOCUMENTED_LEASE, DOCUMENTED_POLL = 1.0, 0.05
 
 
 def lease_owner_pid(name: str = "relay:default") -> int | None:
@@ -70,7 +74,7 @@ def relay(tmp_path, label: str, queue: str, *args: str, **env: str) -> Process: 
     return proc
 
 
-def test_a_relay_killed_by_sigkill_is_replaced_by_a_waiting_one_within_seconds(
+def test_a_relay_killed_by_sigkill_is_replaced_by_a_waiting_one_about_a_second_later(
     tmp_path, queue  # noqa: F811
 ):
     first = relay(tmp_path, "first", queue)
@@ -83,17 +87,17 @@ def test_a_relay_killed_by_sigkill_is_replaced_by_a_waiting_one_within_seconds(
         first.signal(signal.SIGKILL)
         killed = time.monotonic()
         assert first.popen.wait(60) == -signal.SIGKILL
-        ids += publish_many(A, "order.placed", [{"sku": f"b{i}"} for i in range(5)])
-        wait_for(lambda: queue_length(queue) == 10, "the waiting relay to take over")
+        wait_for(lambda: lease_owner_pid() == second.popen.pid, "the waiting relay's lease")
         took = time.monotonic() - killed
-        assert lease_owner_pid() == second.popen.pid
+        ids += publish_many(A, "order.placed", [{"sku": f"b{i}"} for i in range(5)])
+        wait_for(lambda: queue_length(queue) == 10, "the waiting relay to send")
         assert second.stop() == 0
     finally:
         first.kill()
         if second is not None:
             second.kill()
     print(f"\nrelay replaced {took:.2f} s after SIGKILL (lease 1 s)")
-    assert took < 5.0
+    assert took < DOCUMENTED_LEASE + DOCUMENTED_POLL + 1.0
     assert queued_message_ids(queue) == {str(i): 1 for i in ids}
 
 
@@ -136,20 +140,21 @@ def test_a_relay_stopped_with_sigterm_hands_over_at_once(tmp_path, queue):  # no
         second = relay(tmp_path, "second", queue, **lease)
         assert first.stop() == 0
         stopped = time.monotonic()
-        ids += publish_many(A, "order.placed", [{"sku": "b"}])
-        wait_for(lambda: queue_length(queue) == 2, "the second relay to take over")
+        wait_for(lambda: lease_owner_pid() == second.popen.pid, "the second relay's lease")
         took = time.monotonic() - stopped
+        ids += publish_many(A, "order.placed", [{"sku": "b"}])
+        wait_for(lambda: queue_length(queue) == 2, "the second relay to send")
         assert second.stop() == 0
     finally:
         first.kill()
         if second is not None:
             second.kill()
     print(f"\nrelay handed over {took:.2f} s after SIGTERM (lease 30 s)")
-    assert took < 10.0
+    assert took < DOCUMENTED_POLL + 1.0
     assert queued_message_ids(queue) == {str(i): 1 for i in ids}
 
 
-def test_a_consumer_killed_mid_batch_is_replaced_by_a_running_one_within_seconds(tmp_path):
+def test_a_consumer_killed_mid_batch_is_replaced_by_a_running_one_at_once(tmp_path):
     marker = tmp_path / "hanging"
     ids = publish_many(A, "order.slow", [{"sku": f"s{i}"} for i in range(12)])
     hanging = Process.manage(
@@ -170,15 +175,16 @@ def test_a_consumer_killed_mid_batch_is_replaced_by_a_running_one_within_seconds
         assert effects() == {}  # the partition is locked by the hanging batch
         hanging.signal(signal.SIGKILL)
         killed = time.monotonic()
-        wait_for(lambda: len(effects()) == 12, "the running consumer to take the partition")
+        wait_for(lambda: len(effects()) > 0, "the running consumer to take the partition")
         took = time.monotonic() - killed
+        wait_for(lambda: len(effects()) == 12, "the running consumer to handle the rest")
         assert other.stop() == 0
     finally:
         hanging.kill()
         if other is not None:
             other.kill()
     print(f"\nconsumer partition taken over {took:.2f} s after SIGKILL")
-    assert took < 5.0
+    assert took < DOCUMENTED_POLL + 1.0
     assert effects() == {str(i): 1 for i in ids}
     assert SlowRecorder.name == "orders-slow"
 

@@ -12,7 +12,6 @@ import signal
 import sys
 import uuid
 
-import pytest
 import redis
 from django.conf import settings as django_settings
 
@@ -243,17 +242,35 @@ def test_end_to_end_through_a_broker_and_a_celery_worker(tmp_path, broker, queue
     assert sorted(rows) == [(A, 20), (B, 20)]
 
 
-@pytest.mark.parametrize("send_task", [False, True])
-def test_celery_transport_publishes_a_batch_to_the_queue_once(settings, queue, send_task):
+def test_celery_transport_publishes_a_batch_to_the_queue_once_and_fires_the_publish_signals(
+        queue):
     import json as _json
+
+    from celery.signals import after_task_publish, before_task_publish
 
     from outbox.relay import Relay
 
-    settings.OUTBOX = {**settings.OUTBOX, "CELERY_SEND_TASK": send_task}
-    ids = publish_many(A, "order.placed", [{"sku": f"s{i}"} for i in range(3)])
-    wait_for(lambda: Relay(name="test").drain() >= 0 and queue_length(queue) == 3, "relayed")
+    published: dict[str, list[str]] = {"before": [], "after": []}
+
+    def before(sender=None, headers=None, **kwargs):
+        published["before"].append(headers["id"])
+
+    def after(sender=None, headers=None, **kwargs):
+        published["after"].append(headers["id"])
+
+    before_task_publish.connect(before, weak=False)
+    after_task_publish.connect(after, weak=False)
+    try:
+        ids = publish_many(A, "order.placed", [{"sku": f"s{i}"} for i in range(3)])
+        wait_for(lambda: Relay(name="test").drain() >= 0 and queue_length(queue) == 3,
+                 "relayed")
+    finally:
+        before_task_publish.disconnect(before)
+        after_task_publish.disconnect(after)
     client = redis.Redis.from_url(django_settings.CELERY_BROKER_URL)
     raw = [_json.loads(item) for item in client.lrange(queue, 0, -1)]
     client.close()
     assert sorted(m["headers"]["id"] for m in raw) == sorted(str(i) for i in ids)
     assert {m["headers"]["task"] for m in raw} == {"tests.outbox.receive_order"}
+    # Celery's own publish signals, once per message (instrumentation hooks them)
+    assert published == {"before": [str(i) for i in ids], "after": [str(i) for i in ids]}

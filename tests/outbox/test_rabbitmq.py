@@ -2,14 +2,21 @@
 
 The checks (outbox.E110-E112) refuse what cannot give that guarantee; the
 transport refuses to publish without confirms or to a queue a restart would
-lose; a batch RabbitMQ refuses part of (nack) is sent again whole; what the
+lose; a batch RabbitMQ refuses part of (nack), a message no queue takes
+(returned: published with ``mandatory``) and confirms that do not come within
+``confirm_timeout`` each fail the batch, which is sent again whole; what the
 transport publishes is the message kombu's own ``Producer.publish`` would
-publish. On the suite's RabbitMQ (scripts/services run ... rabbitmq).
+publish. On the suite's RabbitMQ (scripts/services run ... rabbitmq); the
+withheld confirms through a proxy of the test's own in front of it.
 """
 
 from __future__ import annotations
 
 import json
+import socket
+import threading
+import time
+from urllib.parse import urlsplit
 
 import pytest
 from celery import Celery
@@ -19,7 +26,7 @@ from kombu import Connection, Exchange, Queue
 from outbox.celery import check_broker
 from outbox.relay import Relay
 from outbox.transports import CeleryTransport
-from tests.outbox.support.helpers import offset, publish_many
+from tests.outbox.support.helpers import offset, publish_many, wait_for
 
 A = 1
 
@@ -70,12 +77,12 @@ def test_a_queue_that_a_restart_loses_is_an_error(settings, rabbitmq, queue):
     assert queue.name in problem.message
 
 
-def test_transient_delivery_through_send_task_is_an_error(settings, rabbitmq):
+def test_transient_delivery_by_default_is_an_error(settings, rabbitmq):
     app = rabbit_app(rabbitmq.url)
     app.conf.task_default_delivery_mode = "transient"
-    assert check_ids(settings, app) == []  # the transport's own publish is persistent
-    settings.OUTBOX = {**settings.OUTBOX, "CELERY_SEND_TASK": True}
     assert check_ids(settings, app) == ["outbox.E112"]
+    app.conf.task_default_delivery_mode = "persistent"
+    assert check_ids(settings, app) == []
 
 
 def test_relay_outbox_does_not_start_with_a_check_error(settings, rabbitmq, tmp_path):
@@ -151,6 +158,219 @@ def test_a_batch_rabbitmq_refuses_part_of_is_not_passed_and_is_sent_again_whole(
         assert rabbitmq.length(name) == 5
         assert offset("relay:bounded")[0] > 0
     finally:
+        rabbitmq.delete(name)
+
+
+def queued_ids(url: str, name: str) -> list[str]:
+    """The task ids of the messages in ``name``, oldest first (taking them off the queue)."""
+    return [m.headers["id"] for m in _drain(url, name)]
+
+
+def test_a_message_no_queue_takes_fails_its_batch_and_the_batch_is_sent_again(
+    settings, rabbitmq, caplog
+):
+    """A queue deleted under a relay that already declared it: RabbitMQ returns what the
+    relay publishes to it (``mandatory``) instead of confirming it and dropping it."""
+    name = "dio-rabbitmq-deleted"
+    settings.OUTBOX = {**settings.OUTBOX, "CELERY_QUEUE": name,
+                       "CELERY_APP": rabbit_app(rabbitmq.url)}
+    rabbitmq.delete(name)
+    relay = Relay(name="deleted")
+    try:
+        first = publish_many(A, "order.placed", [{"sku": "before"}])
+        assert relay.drain() == 1  # the relay's connection declared the queue
+        assert queued_ids(rabbitmq.url, name) == [str(first[0])]
+        rabbitmq.delete(name)  # an operator, a policy...: gone under the relay
+        ids = publish_many(A, "order.placed", [{"sku": f"after{i}"} for i in range(3)])
+        passed = offset("relay:deleted")[0]
+        assert relay.step() is True  # the batch failed: pause, then again
+        assert offset("relay:deleted")[0] == passed  # the relay did not move past it
+        assert f"RabbitMQ returned a message for '{name}'" in caplog.text, caplog.text
+        # The next round's connection declares the queue again: the whole batch goes.
+        assert relay.drain() == 3
+        assert queued_ids(rabbitmq.url, name) == [str(i) for i in ids]
+        assert offset("relay:deleted")[0] > passed
+    finally:
+        relay.transport.close()
+        relay.release()
+        rabbitmq.delete(name)
+
+
+class BrokerProxy:
+    """A TCP proxy in front of RabbitMQ that plays a broker gone quiet.
+
+    While :attr:`holding` is set it keeps back everything RabbitMQ sends (its
+    confirms among it); while :attr:`deaf` is set it reads nothing more of what
+    the client sends, as a node that blocks its publishers (a memory or disk
+    alarm), with a receive buffer too small to hide that.
+    """
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        self.target = (parts.hostname or "127.0.0.1", parts.port or 5672)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        port = self.listener.getsockname()[1]
+        self.url = url.replace(f"{parts.hostname}:{parts.port}", f"127.0.0.1:{port}", 1)
+        self.holding = threading.Event()
+        self.deaf = threading.Event()
+        self.held = 0  # chunks from RabbitMQ kept back
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            self.sockets += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream, self.deaf, False),
+                             daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, self.holding, True),
+                             daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, stop: threading.Event,
+              from_broker: bool) -> None:
+        try:
+            while True:
+                while stop.is_set() and not from_broker:  # read nothing more
+                    time.sleep(0.01)
+                data = source.recv(4096 if not from_broker else 65536)
+                if not data:
+                    break
+                if stop.is_set() and from_broker:
+                    self.held += 1
+                    while stop.is_set():
+                        time.sleep(0.01)
+                sink.sendall(data)
+        except OSError:
+            pass
+        for end in (source, sink):
+            try:
+                end.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.holding.clear()
+        self.deaf.clear()
+        self.listener.close()
+        for end in self.sockets:
+            end.close()
+
+
+def test_confirms_that_do_not_come_within_confirm_timeout_fail_the_batch(
+    settings, rabbitmq, caplog
+):
+    """RabbitMQ stores the batch, but its confirms are held back past ``confirm_timeout``
+    (2 s here): the batch fails about 2 s after it was published and the relay keeps its
+    offset; once confirms come again the whole batch is sent again (at least once)."""
+    name = "dio-rabbitmq-unconfirmed"
+    proxy = BrokerProxy(rabbitmq.url)
+    app = rabbit_app(proxy.url, queue=Queue(name))
+    app.conf.broker_transport_options = {"confirm_publish": True, "confirm_timeout": 2}
+    settings.OUTBOX = {**settings.OUTBOX, "CELERY_QUEUE": name, "CELERY_APP": app}
+    rabbitmq.delete(name)
+    relay = Relay(name="unconfirmed")
+    sends: list[float] = []
+    send = relay.transport.send
+
+    def timed(messages):
+        started = time.monotonic()
+        try:
+            send(messages)
+        finally:
+            sends.append(time.monotonic() - started)
+
+    relay.transport.send = timed  # type: ignore[method-assign]
+    try:
+        publish_many(A, "order.placed", [{"sku": "confirmed"}])
+        assert relay.drain() == 1  # connected and confirmed through the proxy
+        ids = publish_many(A, "order.placed", [{"sku": f"held{i}"} for i in range(3)])
+        passed = offset("relay:unconfirmed")[0]
+        proxy.holding.set()
+        assert relay.step() is True  # the batch failed: pause, then again
+        assert proxy.held > 0  # RabbitMQ did answer: the proxy kept it back
+        assert offset("relay:unconfirmed")[0] == passed
+        assert "RabbitMQ confirmed 0 of 3 message(s) within 2 s" in caplog.text, caplog.text
+        assert 2.0 <= sends[-1] < 3.0, sends
+        proxy.holding.clear()
+        wait_for(lambda: relay.drain() >= 0 and offset("relay:unconfirmed")[0] > passed,
+                 "the batch sent again and confirmed")
+        # RabbitMQ had stored the unconfirmed batch: it is there twice, at least once each.
+        got = queued_ids(rabbitmq.url, name)
+        assert [i for i in got if i in {str(m) for m in ids}] == [str(i) for i in ids] * 2
+        # A relay that stops while RabbitMQ answers nothing is not held by it either.
+        proxy.holding.set()
+        started = time.monotonic()
+        closing = threading.Thread(target=relay.transport.close, daemon=True)
+        closing.start()
+        closing.join(10)
+        closed = not closing.is_alive()
+        proxy.holding.clear()
+        assert closed and time.monotonic() - started < 2.0 + 1.0, "close waited on RabbitMQ"
+    finally:
+        proxy.close()  # first: a connection whose answers it holds could not close
+        relay.transport.close()
+        relay.release()
+        rabbitmq.delete(name)
+
+
+def test_a_broker_that_stops_reading_fails_the_batch_within_confirm_timeout(
+    settings, rabbitmq, caplog
+):
+    """A node that blocks its publishers stops reading their connections: a batch larger
+    than the sockets' buffers cannot even be written. It fails (py-amqp's connections give
+    up on unacknowledged data after a second) instead of holding the relay, and goes again
+    once the broker reads."""
+    name = "dio-rabbitmq-deaf"
+    proxy = BrokerProxy(rabbitmq.url)
+    app = rabbit_app(proxy.url, queue=Queue(name))
+    app.conf.broker_transport_options = {"confirm_publish": True, "confirm_timeout": 2}
+    settings.OUTBOX = {**settings.OUTBOX, "CELERY_QUEUE": name, "CELERY_APP": app}
+    rabbitmq.delete(name)
+    relay = Relay(name="deaf")
+    sends: list[float] = []
+    send = relay.transport.send
+
+    def timed(messages):
+        started = time.monotonic()
+        try:
+            send(messages)
+        finally:
+            sends.append(time.monotonic() - started)
+
+    relay.transport.send = timed  # type: ignore[method-assign]
+    try:
+        publish_many(A, "order.placed", [{"sku": "read"}])
+        assert relay.drain() == 1  # connected through the proxy
+        bulk = "x" * 100_000  # 60 messages of 100 kB: more than the sockets buffer
+        ids = publish_many(A, "order.placed", [{"sku": f"big{i}", "bulk": bulk}
+                                               for i in range(60)])
+        passed = offset("relay:deaf")[0]
+        proxy.deaf.set()
+        stepped: list[bool] = []
+        step = threading.Thread(target=lambda: stepped.append(relay.step()), daemon=True)
+        step.start()
+        step.join(10)
+        stuck = step.is_alive()
+        proxy.deaf.clear()  # a relay stuck writing (the failure) can finish now
+        step.join(30)
+        assert not stuck, "the relay waited on a broker that does not read"
+        assert stepped == [True]  # the batch failed: pause, then again
+        assert offset("relay:deaf")[0] == passed
+        assert "could not send 60 message(s)" in caplog.text, caplog.text
+        assert sends[-1] < 2.0 + 1.0, sends  # the write gave up within confirm_timeout
+        wait_for(lambda: relay.drain() >= 0 and offset("relay:deaf")[0] > passed,
+                 "the batch sent again and confirmed")
+        got = queued_ids(rabbitmq.url, name)
+        assert set(got) >= {str(i) for i in ids}
+    finally:
+        proxy.close()
+        relay.transport.close()
+        relay.release()
         rabbitmq.delete(name)
 
 

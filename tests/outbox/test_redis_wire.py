@@ -1,9 +1,10 @@
-"""The Celery transport's Redis fast path writes what kombu would write.
+"""The Celery transport on Redis writes what Celery's own ``send_task`` writes.
 
 The relay reads each message as its envelope's JSON built by PostgreSQL
-(outbox.stream.Envelope) and, on kombu's Redis transport, pushes the whole
-batch with one LPUSH per list (outbox.transports._RedisWire). These tests hold
-it to the standard path: the same envelope, the same Redis message (but for
+(outbox.stream.Envelope); the transport has Celery build the task message
+around it and publishes it through kombu's ``Producer`` in one
+``Producer.batch()`` (one pipeline per batch on kombu 5.7+). These tests hold
+it to ``send_task``: the same envelope, the same Redis message (but for
 kombu's random delivery tag), the same order, the same lists; and a real
 worker runs the tasks.
 """
@@ -26,11 +27,10 @@ from kombu import Exchange, Queue
 
 from outbox.relay import Relay
 from outbox.store import read_batch, read_envelopes
-from outbox.stream import Envelope, Position
-from outbox.transports import CeleryTransport, _RedisWire
+from outbox.stream import Position
+from outbox.transports import CeleryTransport
 from tenancy.aliases import system_alias
 from tests.helpers import observer
-from tests.outbox.support.faulty_transports import DieAfterSend
 from tests.outbox.support.helpers import (
     ORDER_WORKER_APP,
     SUBPROCESS_SETTINGS,
@@ -42,13 +42,6 @@ from tests.outbox.support.helpers import (
 )
 
 A, B = 1, 2
-
-#: kombu 5.7 says when a Redis channel may pipeline publishes
-#: (Channel.supports_batch_publish); before it, the fast path stays off and
-#: every batch takes kombu's own path (tox -e oldest runs that way).
-KOMBU_BATCHES = tuple(int(part) for part in kombu.__version__.split(".")[:2]) >= (5, 7)
-needs_kombu_batches = pytest.mark.skipif(
-    not KOMBU_BATCHES, reason=f"the Redis fast path needs kombu 5.7+ (kombu {kombu.__version__})")
 PAYLOADS: list[Any] = [
     {"sku": "a", "n": 1},
     {"text": "déjà vu ✓ \u2028 \"quoted\" \\ back\nslash", "empty": {}, "list": [1, 2.5, None]},
@@ -75,20 +68,6 @@ def raw_messages(key: str) -> list[dict[str, Any]]:
     return [json.loads(item) for item in raw_items(key)]
 
 
-def masked(item: bytes) -> str:
-    """A Redis item as written, but for its body and kombu's random delivery tag.
-
-    The body's base64 differs legitimately (the fast path puts PostgreSQL's
-    envelope JSON in as text: other spacing); it is compared decoded.
-    """
-    message = json.loads(item)
-    text = item.decode()
-    for value in (message["body"], message["properties"]["delivery_tag"]):
-        assert text.count(json.dumps(value)) == 1
-        text = text.replace(json.dumps(value), '"..."')
-    return text
-
-
 def body_in_order(message: dict[str, Any]) -> Any:
     """The decoded body with every object as its list of (key, value) pairs: key order counts."""
     return json.loads(base64.b64decode(message["body"]), object_pairs_hook=list)
@@ -100,10 +79,6 @@ def decoded(message: dict[str, Any]) -> dict[str, Any]:
     body = json.loads(base64.b64decode(message["body"]))
     properties = {k: v for k, v in message["properties"].items() if k != "delivery_tag"}
     return {**message, "body": body, "properties": properties}
-
-
-def standard_path(monkeypatch):
-    monkeypatch.setattr(_RedisWire, "for_producer", classmethod(lambda cls, producer: None))
 
 
 def test_postgresql_builds_the_envelope_the_relay_sent_before():
@@ -132,44 +107,52 @@ def test_postgresql_builds_the_envelope_the_relay_sent_before():
     assert envelopes[1].data()["created_at"] == "2026-01-02T03:04:05.000123+00:00"
 
 
-@needs_kombu_batches
-def test_the_fast_path_writes_the_message_kombu_writes(queue, monkeypatch):
+#: What Celery's ``send_task`` writes and the transport does not, and why: the
+#: calling thread's reply queue (relayed tasks' results go to no caller), its
+#: printable arguments copied into the properties (send_task passes its options
+#: on as properties) and ``ignore_result`` as None (the transport's is False:
+#: the worker stores results as the task says, as with None).
+SEND_TASK_ONLY = {"properties": ("reply_to", "argsrepr", "kwargsrepr"),
+                  "headers": ("ignore_result",)}
+
+
+def but_send_task_only(message: dict[str, Any]) -> dict[str, Any]:
+    message = decoded(message)
+    for part, keys in SEND_TASK_ONLY.items():
+        message[part] = {k: v for k, v in message[part].items() if k not in keys}
+    return message
+
+
+def test_the_transport_writes_the_message_send_task_writes(queue):
     publish_many(A, "order.placed", [{"sku": f"s{i}", "p": p} for i, p in enumerate(PAYLOADS)])
     wait_for(lambda: len(read_envelopes(system_alias(), Position(), 100).messages) == len(PAYLOADS),
              "fenced")
     envelopes = read_envelopes(system_alias(), Position(), 100).messages
     messages = read_batch(system_alias(), Position(), 100).messages
-    sent = []
-    monkeypatch.setattr(_RedisWire, "send", _spy(_RedisWire.send, sent))
-    CeleryTransport().send_envelopes(envelopes)
-    assert sent == [True]  # the fast path ran...
-    fast_items = raw_items(queue)
-    fast = [json.loads(item) for item in fast_items]
-    standard_path(monkeypatch)
-    CeleryTransport().send(messages)  # ...and this is kombu's Producer.publish
-    standard_items = raw_items(queue)
-    standard = [json.loads(item) for item in standard_items]
-    assert len(fast) == len(standard) == len(PAYLOADS)
-    assert [decoded(m) for m in fast] == [decoded(m) for m in standard]
-    # Byte for byte (kombu's JSON of the message: keys, order, spacing), but
-    # for the body's base64 and the delivery tag; the body in key order.
-    assert [masked(item) for item in fast_items] == [masked(item) for item in standard_items]
-    assert [body_in_order(m) for m in fast] == [body_in_order(m) for m in standard]
-    assert len({m["properties"]["delivery_tag"] for m in fast}) == len(fast)
-    first = decoded(fast[0])
+    transport = CeleryTransport()
+    try:
+        transport.send(envelopes)
+    finally:
+        transport.close()
+    ours = raw_messages(queue)
+    app, task = transport.app, transport.task_for("order.placed")
+    for message in messages:  # Celery's own way, message by message
+        app.send_task(task, args=[message.envelope()], task_id=str(message.message_id),
+                      queue=queue, retry=False,
+                      argsrepr=f"[<outbox message {message.message_id} {message.topic}>]",
+                      kwargsrepr="{}")
+    celerys = raw_messages(queue)
+    assert len(ours) == len(celerys) == len(PAYLOADS)
+    assert [but_send_task_only(m) for m in ours] == [but_send_task_only(m) for m in celerys]
+    assert [body_in_order(m) for m in ours] == [body_in_order(m) for m in celerys]
+    assert [list(m) for m in ours] == [list(m) for m in celerys]  # kombu's keys, in order
+    assert len({m["properties"]["delivery_tag"] for m in ours}) == len(ours)
+    first = decoded(ours[0])
     assert first["headers"]["id"] == first["properties"]["correlation_id"] == str(
         messages[0].message_id)
     assert first["properties"]["delivery_info"] == {"exchange": "", "routing_key": queue}
+    assert first["properties"]["delivery_mode"] == 2
     assert first["body"][0] == [messages[0].envelope()]
-
-
-def _spy(method, calls):
-    def spy(self, *args, **kwargs):
-        result = method(self, *args, **kwargs)
-        calls.append(result)
-        return result
-
-    return spy
 
 
 def test_a_relayed_batch_keeps_its_order_in_the_list(queue):
@@ -180,7 +163,7 @@ def test_a_relayed_batch_keeps_its_order_in_the_list(queue):
 
 
 def test_queues_of_several_lists_and_priorities_in_one_batch(settings):
-    """Routes to two queues, one of them with a priority: one LPUSH per Redis list."""
+    """Routes to two queues by Celery's task_routes, in one batch."""
     names = [f"dio-outbox-wire-{uuid.uuid4().hex[:8]}" for _ in range(2)]
     app = Celery("wire", broker=django_settings.CELERY_BROKER_URL, set_as_current=False)
     app.conf.task_queues = [Queue(n, Exchange(n), routing_key=n) for n in names]
@@ -201,10 +184,9 @@ def test_queues_of_several_lists_and_priorities_in_one_batch(settings):
     assert {m["headers"]["task"] for m in second} == {"t.second"}
 
 
-@needs_kombu_batches
 def test_a_failure_part_way_through_a_batch_raises_and_the_whole_batch_is_sent_again(
         settings, caplog):
-    """docs/outbox.md: several lists, one LPUSH failed: the batch raises and goes again.
+    """docs/outbox.md: several lists, one refused: the batch raises and goes again.
 
     The relay connects as a Redis user that may read the second list but not write it
     (an ACL of its own), so the first list's LPUSH succeeds and the second's is refused.
@@ -227,7 +209,6 @@ def test_a_failure_part_way_through_a_batch_raises_and_the_whole_batch_is_sent_a
     try:
         wait_for(lambda: relay.step() is not None and "could not send 5 message(s)" in caplog.text,
                  "the failed send")
-        assert "(LPUSH dio-wire-ro-" in caplog.text, caplog.text  # refused at its LPUSH
         assert admin.llen(names[0]) == 3  # the first list took its part of the batch...
         with observer() as conn:  # ...but the relay did not move past any message of it
             assert conn.execute("SELECT count(*) FROM consumer_offsets WHERE name = %s"
@@ -247,8 +228,9 @@ def test_a_failure_part_way_through_a_batch_raises_and_the_whole_batch_is_sent_a
     assert [m["headers"]["id"] for m in second] == [str(i) for i in ids[3:]]
 
 
-@needs_kombu_batches
-def test_a_queue_with_x_expires_takes_the_standard_path(settings):
+@pytest.mark.skipif(tuple(int(p) for p in kombu.__version__.split(".")[:2]) < (5, 7),
+                    reason=f"kombu {kombu.__version__}'s Redis queues have no x-expires (5.7+)")
+def test_a_queue_with_x_expires_keeps_its_expiry(settings):
     name = f"dio-outbox-wire-{uuid.uuid4().hex[:8]}"
     app = Celery("wire", broker=django_settings.CELERY_BROKER_URL, set_as_current=False)
     app.conf.task_queues = [Queue(name, queue_arguments={"x-expires": 600_000})]
@@ -258,7 +240,7 @@ def test_a_queue_with_x_expires_takes_the_standard_path(settings):
     client = redis.Redis.from_url(django_settings.CELERY_BROKER_URL)
     try:
         wait_for(lambda: relay.drain() >= 0 and relay.sent == 1, "relayed")
-        assert 0 < client.pttl(name) <= 600_000  # kombu's PEXPIRE: the standard path ran
+        assert 0 < client.pttl(name) <= 600_000  # kombu's PEXPIRE
         assert len(raw_messages(name)) == 1
     finally:
         client.delete(name)
@@ -266,81 +248,7 @@ def test_a_queue_with_x_expires_takes_the_standard_path(settings):
         app.close()
 
 
-def test_a_channel_that_writes_messages_its_own_way_is_left_to_kombu(queue):
-    from kombu.transport import redis as kombu_redis
-
-    class Plain(kombu_redis.Channel):  # kombu's channel, as configured for batches
-        supports_batch_publish = True
-
-    class Retrying(kombu_redis.Channel):  # e.g. retry_on_timeout: kombu would not batch
-        supports_batch_publish = False
-
-    class OwnPut(Plain):
-        def _put(self, queue, message, **kwargs):
-            return super()._put(queue, message, **kwargs)
-
-    class Producer:
-        channel = Plain.__new__(Plain)
-        exchange = Exchange("")
-        compression = None
-
-    assert _RedisWire.for_producer(Producer()) is not None
-    Producer.channel = OwnPut.__new__(OwnPut)
-    assert _RedisWire.for_producer(Producer()) is None
-    # every member the fast path stands in for, overridden by a subclass
-    # (or by a kombu release that gives the Redis channel its own)
-    for member in ("_put", "basic_publish", "_inplace_augment_message", "prepare_message"):
-        kombus = getattr(kombu_redis.Channel, member)
-
-        def delegating(self, *args, _kombus=kombus, **kwargs):  # harmless, yet not kombu's
-            return _kombus(self, *args, **kwargs)
-
-        own = type(f"Own_{member}", (Plain,), {member: delegating})
-        Producer.channel = own.__new__(own)
-        assert _RedisWire.for_producer(Producer()) is None, member
-    Producer.channel = Retrying.__new__(Retrying)
-    assert _RedisWire.for_producer(Producer()) is None
-    Producer.channel = Plain.__new__(Plain)
-    Producer.compression = "zlib"
-    assert _RedisWire.for_producer(Producer()) is None
-    Producer.compression, Producer.exchange = None, Exchange("events", "topic")
-    assert _RedisWire.for_producer(Producer()) is None
-
-
-def test_a_subclass_that_overrides_send_still_sees_every_batch():
-    class Counting(CeleryTransport):
-        def send(self, messages):
-            raise AssertionError("not reached")
-
-    class Both(Counting):
-        def send_envelopes(self, envelopes):
-            raise AssertionError("not reached")
-
-    assert CeleryTransport().reads_envelopes
-    assert not Counting().reads_envelopes
-    assert not DieAfterSend().reads_envelopes
-    assert Both().reads_envelopes
-
-
-def test_the_default_send_envelopes_decodes_for_transports_that_take_messages():
-    from outbox.testing import InMemoryTransport
-
-    published = publish_as(A, "order.placed", {"sku": "z"}, key="k")
-    wait_for(lambda: len(read_envelopes(system_alias(), Position(), 10).messages) == 1, "fenced")
-    [envelope] = read_envelopes(system_alias(), Position(), 10).messages
-    memory = InMemoryTransport()
-    memory.send_envelopes([envelope])
-    assert memory.sent == read_batch(system_alias(), Position(), 10).messages
-    assert Envelope.of(memory.sent[0]).data() == envelope.data()
-    assert memory.message_ids == [str(published)]
-
-
-@needs_kombu_batches
-def test_a_celery_worker_runs_the_fast_paths_tasks_with_their_ids_and_envelopes(
-    tmp_path, queue, monkeypatch
-):
-    sent = []
-    monkeypatch.setattr(_RedisWire, "send", _spy(_RedisWire.send, sent))
+def test_a_celery_worker_runs_the_relayed_tasks_with_their_ids_and_envelopes(tmp_path, queue):
     proc = Process(
         [sys.executable, "-m", "celery", "-A", ORDER_WORKER_APP, "worker",
          "-P", "solo", "-Q", queue, "--without-mingle", "--without-gossip",
@@ -356,7 +264,6 @@ def test_a_celery_worker_runs_the_fast_paths_tasks_with_their_ids_and_envelopes(
         wait_for(lambda: relay.drain() >= 0 and len(effects()) == 21, "the worker's effects")
     finally:
         assert proc.stop() == 0
-    assert sent and all(sent)
     assert effects() == {str(i): 1 for i in ids}  # the envelope reached the task intact
     ran = re.findall(r"Task tests\.outbox\.receive_order\[([0-9a-f-]+)\] succeeded",
                      proc.output)
@@ -365,15 +272,3 @@ def test_a_celery_worker_runs_the_fast_paths_tasks_with_their_ids_and_envelopes(
         rows = conn.execute("SELECT tenant_id, sku FROM testapp_order ORDER BY id").fetchall()
     assert rows[-1] == (B, "é✓")
     assert sorted({r[0] for r in rows}) == [A, B]
-
-
-@pytest.mark.skipif(KOMBU_BATCHES, reason="kombu 5.7+ batches: the fast path is on")
-def test_before_kombu_batches_every_batch_takes_kombus_own_path(queue, monkeypatch):
-    sent = []
-    monkeypatch.setattr(_RedisWire, "send", _spy(_RedisWire.send, sent))
-    ids = publish_many(A, "order.placed", [{"sku": "a"}, {"sku": "b"}])
-    relay = Relay(CeleryTransport(), name="wire-old-kombu")
-    wait_for(lambda: relay.drain() >= 0 and relay.sent == 2, "relayed")
-    assert sent == []  # the fast path never ran...
-    messages = [decoded(json.loads(item)) for item in raw_items(queue)]
-    assert [m["headers"]["id"] for m in messages] == [str(i) for i in ids]  # ...kombu sent both

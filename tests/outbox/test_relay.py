@@ -9,7 +9,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 
-from outbox.receivers import receive, receiver
+from outbox import receive, receiver
 from outbox.relay import Relay
 from outbox.stream import Message, Position
 from outbox.testing import InMemoryTransport, relay_pending

@@ -21,7 +21,7 @@ django.setup()
 from celery import Celery  # noqa: E402
 from django.conf import settings  # noqa: E402
 
-from outbox.receivers import receiver  # noqa: E402
+from outbox import receiver  # noqa: E402
 from outbox.stream import Message  # noqa: E402
 from tenancy import current_tenant_id  # noqa: E402
 from tests.testapp.models import Order  # noqa: E402

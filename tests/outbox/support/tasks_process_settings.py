@@ -25,7 +25,7 @@ OUTBOX = {
     **OUTBOX,
     "TRANSPORT": "outbox.django_tasks.DjangoTasksTransport",
     "TASKS_TASK": "tests.outbox.support.tasks_receiver.receive",
-    "RECEIVER_RETRY_BACKOFF_MAX": 0.5,
+    "RECEIVER_RETRY_BACKOFF_MAX": float(os.environ.get("DIO_RECEIVER_RETRY_BACKOFF_MAX", "0.5")),
     "RECEIVER_MAX_ATTEMPTS": int(os.environ.get("DIO_RECEIVER_MAX_ATTEMPTS", "60")),
 }
 
