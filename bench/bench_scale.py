@@ -1196,6 +1196,10 @@ def phase_tenants(args: argparse.Namespace, results: Results) -> None:
             f"{lat['messages']:,} at {args.rate:g}/s); one transaction for all {tenants:,} "
             f"tenants: {one['summary']}")
         print_statements(point["statements"])
+    locks = tenants_per_transaction()
+    log("  one transaction publishing for N tenants (max_locks_per_transaction "
+        f"{locks['max_locks_per_transaction']}): "
+        + ", ".join(f"{k:,}: {v}" for k, v in locks["tried"].items()))
     first, last = points[0], points[-1]
     ratio = last["throughput"] / first["throughput"]
     log(f"  {last['tenants']:,} tenants against {first['tenants']:,}: throughput x{ratio:.2f}, "
@@ -1203,6 +1207,7 @@ def phase_tenants(args: argparse.Namespace, results: Results) -> None:
         "(target: within 20 %)")
     results.save("tenants", {"points": points, "backlog": args.tenant_backlog,
                              "publishers": args.publishers, "rate": args.rate,
+                             "tenants_per_transaction": locks,
                              "ratio_last_first": ratio})
 
 
@@ -1263,6 +1268,37 @@ def one_transaction_for_all(tenants: int) -> dict[str, Any]:
         f"{out['pass_ms']:.0f} ms (passing another tenant), {out['held_round_ms']:.0f} ms "
         f"(all held), {out['drain_after_ms']:.0f} ms (after COMMIT, "
         f"{out['sent_after']:,} sent)")
+    return out
+
+
+def tenants_per_transaction() -> dict[str, Any]:
+    """How many tenants one transaction can publish for before the lock table is full.
+
+    Each tenant a transaction writes for is an advisory lock it holds until it
+    ends; PostgreSQL's lock table has room for about ``max_locks_per_transaction
+    * (max_connections + max_prepared_transactions)`` locks, shared by every
+    session. Tried at growing counts (rolled back each time), with nothing
+    else running.
+    """
+    out: dict[str, Any] = {"tried": {}}
+    with superuser() as conn:
+        out["max_locks_per_transaction"] = int(conn.execute(
+            "SHOW max_locks_per_transaction").fetchone()[0])
+        for count in (10_000, 20_000, 30_000, 50_000, 100_000):
+            conn.execute("BEGIN")
+            try:
+                conn.execute(
+                    "INSERT INTO outbox_messages (tenant_id, message_id, topic, payload)"
+                    " SELECT g, gen_random_uuid(), 'scale.locks', '{}'"
+                    "   FROM generate_series(1, %s) AS g", [count])
+                out["tried"][count] = "ok"
+            except psycopg.Error as exc:
+                out["tried"][count] = str(exc).splitlines()[0]
+                out["first_failure"] = count
+            finally:
+                conn.execute("ROLLBACK")
+            if "first_failure" in out:
+                break
     return out
 
 
@@ -1485,6 +1521,17 @@ def phase_retention(args: argparse.Namespace, results: Results) -> None:
     results.save("retention", value)
 
 
+def process_cpu(procs: list[subprocess.Popen[bytes]], master: int | None) -> dict[str, float]:
+    """CPU seconds so far of the ten consumers' processes, the one behind, PostgreSQL and
+    this process."""
+    return {
+        "ten": cpu_seconds([p.pid for p in procs[:10]]),
+        "behind": cpu_seconds([p.pid for p in procs[10:]]),
+        "postgresql": cpu_seconds([master, *children(master)]) if master else 0.0,
+        "bench": time.process_time(),
+    }
+
+
 def behind_position() -> int:
     """The far-behind consumer's position (0 before its first batch)."""
     with superuser() as conn:
@@ -1536,9 +1583,12 @@ def phase_consumers(args: argparse.Namespace, results: Results) -> None:
             reset_statements()
             behind_at = behind_position()
             measured = time.monotonic()
+            master = postmaster_pid()
+            cpu_before = process_cpu(procs, master)
             with Publishers(4, args.consumer_rate, 100, topic="scale.consumers") as publishers:
                 time.sleep(args.consumer_seconds)
             time.sleep(2.0)  # the last batches, and the processes' pushes
+            cpu = {k: v - cpu_before[k] for k, v in process_cpu(procs, master).items()}
             passed = behind_position() - behind_at
             measured = time.monotonic() - measured
             statements = top_statements()
@@ -1556,7 +1606,7 @@ def phase_consumers(args: argparse.Namespace, results: Results) -> None:
                              "p99": percentile(values, 0.99),
                              "max": values[-1] if values else float("nan")}
         run: dict[str, Any] = {"consumers": per, "published": len(publishers.committed),
-                               "statements": statements}
+                               "statements": statements, "cpu_s": cpu, "window_s": measured}
         if behind:
             run["behind_passed"] = passed
             run["behind_rate"] = passed / measured
@@ -1566,7 +1616,10 @@ def phase_consumers(args: argparse.Namespace, results: Results) -> None:
         log(f"  {label:<10}: the ten consumers' p50 {min(p50s):.1f}-{max(p50s):.1f} ms, p99 "
             f"{min(p99s):.1f}-{max(p99s):.1f} ms ({len(publishers.committed):,} messages)"
             + (f"; the one behind passed {run['behind_passed']:,} ids "
-               f"({run['behind_rate']:,.0f}/s)" if behind else ""))
+               f"({run['behind_rate']:,.0f}/s)" if behind else "")
+            + f"; CPU seconds in {measured:.0f} s: the ten {cpu['ten']:.1f}, the one behind "
+            f"{cpu['behind']:.1f}, PostgreSQL {cpu['postgresql']:.1f}, this process (the "
+            f"publishers) {cpu['bench']:.1f}")
     results.save("consumers", {"runs": runs, "rate": args.consumer_rate,
                                "seconds": args.consumer_seconds, "behind": args.behind})
 

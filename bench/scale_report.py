@@ -222,6 +222,7 @@ class Report:
 
     def tenants(self, p: dict[str, Any]) -> None:
         points = p["points"]
+        locks = p.get("tenants_per_transaction", {})
         x = [q["tenants"] for q in points]
         fig, (left, right) = self.plt.subplots(1, 2, figsize=(10, 3.4))
         left.plot(x, [q["throughput"] for q in points], marker="o")
@@ -247,7 +248,11 @@ class Report:
             f"`Relay.drain()` while {p['publishers']} publishers keep transactions in flight "
             f"(20 ms each, {p['rate']:g} messages/s in all). Latency: `relay_outbox` at "
             f"{p['rate']:g} messages/s. Largest against fewest tenants: ×"
-            f"{p['ratio_last_first']:.2f} (target: within 20 %).")
+            f"{p['ratio_last_first']:.2f} (target: within 20 %)."
+            + (" One transaction publishing for N tenants, with nothing else running "
+               f"(max_locks_per_transaction {locks['max_locks_per_transaction']}): "
+               + ", ".join(f"{int(k):,}: {v}" for k, v in locks["tried"].items()) + "."
+               if locks else ""))
 
     def backlog(self, p: dict[str, Any]) -> None:
         modes = p["modes"]
@@ -342,12 +347,16 @@ class Report:
             rows.append([label, n(run["published"]),
                          f"{min(v['p50'] for v in values):.1f}–{max(v['p50'] for v in values):.1f}",
                          f"{min(v['p99'] for v in values):.1f}–{max(v['p99'] for v in values):.1f}",
-                         n(run.get("behind_rate", 0)) if "behind_rate" in run else "—"])
+                         n(run.get("behind_rate", 0)) if "behind_rate" in run else "—",
+                         " / ".join(f"{run['cpu_s'][k]:.1f}" for k in ("ten", "behind",
+                                                                      "postgresql"))
+                         + f" in {run['window_s']:.0f} s" if "cpu_s" in run else "—"])
         self.section(
             "Consumers: ten on one stream, and one far behind", p["run"],
             figure("consumers", "each consumer's p99 alone and with one consumer far behind"),
             table(["run", "messages", "p50 ms (range over the ten)", "p99 ms (range)",
-                   "the one behind, ids passed/s"], rows),
+                   "the one behind, ids passed/s",
+                   "CPU seconds: the ten / the one behind / PostgreSQL"], rows),
             f"Each consumer in a `run_consumers` process of its own, {p['rate']:g} messages/s "
             f"for {p['seconds']:g} s; the eleventh starts {p['behind']:,} messages behind.")
 
