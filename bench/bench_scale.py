@@ -136,7 +136,7 @@ FULL: dict[str, Any] = {
     "traffic_seconds": 20,
     "churn_keys": 10_000_000,
     "churn_steps": 24,
-    "churn_step_seconds": 90.0,
+    "churn_step_seconds": 120.0,
     "outbox_tenants": [1, 100, 10_000],
     "tenant_backlog": 200_000,
     "publishers": 8,
