@@ -32,6 +32,11 @@
 #                           memory
 #   make bench-reaper       reaping 1,000,000 expired keys under live traffic
 #   make bench-idempotency-cpu  CPU per request in-process (no HTTP server), per statement
+#   make bench-scale        how the costs grow: 10M keys, the reaper and a day of churn,
+#                           1-10,000 tenants publishing, a 1M-message backlog, retention,
+#                           ten consumers and one far behind, 200 clients through
+#                           pgbouncer; tables and plots into docs/benchmarks.md and
+#                           docs/img/scale/ (hours: BENCH_ARGS=--quick for small sizes)
 #   make soak               the example shop under load and faults, then its invariants
 #                           (ARGS="--duration 600 --seed 1 ..."; BROKER=rabbitmq for
 #                           RabbitMQ in place of Redis; see docs/operations.md)
@@ -56,9 +61,10 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DOCS_STAMP := $(VENV)/.installed-docs
 DIST_STAMP := $(VENV)/.installed-dist
+BENCH_STAMP := $(VENV)/.installed-bench
 TOX_STAMP  := $(VENV)/.installed-tox
 
-.PHONY: soak demo demo-stop test test-pooled dist bench-idempotency bench-outbox bench-reaper bench-idempotency-cpu lint docs services services-stop clean
+.PHONY: soak demo demo-stop test test-pooled dist bench-idempotency bench-outbox bench-reaper bench-idempotency-cpu bench-scale lint docs services services-stop clean
 
 $(STAMP): pyproject.toml
 	@echo "[make] creating $(VENV) and installing the project with its test tools"
@@ -144,6 +150,16 @@ bench-reaper: $(STAMP)
 
 bench-idempotency-cpu: $(STAMP)
 	@scripts/services run pg -- $(BIN)/python bench/cpu_idempotency.py $(BENCH_ARGS)
+
+# The bench tools (matplotlib, for the plots) live in their own group and stamp,
+# so `make test` stays lean.
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	@echo "[make] installing the bench tools (dependency group 'bench') into $(VENV)"
+	@$(BIN)/python -m pip install -q --disable-pip-version-check --group bench
+	@touch $(BENCH_STAMP)
+
+bench-scale: $(BENCH_STAMP)
+	@scripts/services run pg redis pgbouncer -- $(BIN)/python bench/bench_scale.py $(BENCH_ARGS)
 
 # A fault-injection soak of the example shop: 10 minutes unless ARGS says otherwise;
 # BROKER=rabbitmq runs it on RabbitMQ (default redis).
