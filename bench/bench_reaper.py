@@ -174,12 +174,12 @@ def insert_expired(count: int, tenants: int, chunk: int = 100_000) -> float:
 
 def explain_batch(tenant_id: int, size: int) -> str:
     """The plan of one batch delete, executed and rolled back."""
-    from idempotency.store import _DELETE_BATCH
+    from idempotency.store import SQL
     from tests.helpers import observer
 
-    sql = _DELETE_BATCH.replace("%s", "{}").format(int(tenant_id), int(size))
     with observer() as conn, conn.transaction(force_rollback=True):
-        rows = conn.execute("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + sql).fetchall()
+        rows = conn.execute("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + SQL["delete_expired_batch"],
+                            {"tenant_id": int(tenant_id), "limit": int(size)}).fetchall()
     return "\n".join(row[0] for row in rows)
 
 
