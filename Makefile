@@ -18,7 +18,7 @@
 #                           are make test's own, installed from pyproject.toml's ranges,
 #                           and Django 6.0 is test-django60's)
 #   make test-django60      tox's django60 environment (Django 6.0) on a Python >= 3.12,
-#                           or a plain line saying why it did not run
+#                           or a plain line saying why it did not run (a failure in CI)
 #   make test-verified      the same suites in the verified tenant context (DIO_VERIFIED_CONTEXT=1:
 #                           the key installed and the mode on, docs/roles.md)
 #   make dist               sdist and wheel into dist/ (DIST=dir: elsewhere), twine check,
@@ -97,21 +97,27 @@ test-variants: $(STAMP)
 # pyproject.toml allows (tests/upstream/oldest.txt). The newest are make test's own:
 # its virtualenv installs them from pyproject.toml's ranges (tox -e newest runs them
 # apart); Django 6.0 is make test-django60's.
+# In CI (CI set, as .ci/run sets it) an environment whose Python is missing fails
+# rather than being skipped: a step that cannot run must not pass.
+TOX_STRICT := $(if $(CI),--skip-missing-interpreters false)
+
 .PHONY: test-matrix
 test-matrix: $(TOX_STAMP)
-	@$(BIN)/tox --recreate -e oldest $(TOX_ARGS)
+	@$(BIN)/tox --recreate -e oldest $(TOX_STRICT) $(TOX_ARGS)
 
 # Django 6.0 (tox's django60 environment) needs Python >= 3.12: the first one found
 # on the path (python3.14 ... python3.12), else one pyenv has installed. Without any,
-# it says plainly that the environment did not run, and why, and succeeds.
+# it says plainly that the environment did not run, and why: a failure in CI (CI set),
+# a success elsewhere.
 .PHONY: test-django60
 test-django60: $(TOX_STAMP)
 	@py=$$(scripts/find-python 3.12); \
 	if [ -z "$$py" ]; then \
 		echo "[make] test-django60: the django60 environment did NOT run: no Python >= 3.12 was found (on the path: $$($(PYTHON) --version 2>&1); pyenv: $$(ls "$${PYENV_ROOT:-$$HOME/.pyenv}/versions" 2>/dev/null | tr '\n' ' ')). Django 6.0 needs Python 3.12."; \
+		if [ -n "$(CI)" ]; then echo "[make] test-django60: failing: CI is set, and CI must not pass without it"; exit 1; fi; \
 	else \
 		echo "[make] test-django60: Django 6.0 on $$($$py --version) ($$py)"; \
-		$(BIN)/tox -e django60 --discover "$$py" $(TOX_ARGS); \
+		$(BIN)/tox -e django60 --discover "$$py" $(TOX_STRICT) $(TOX_ARGS); \
 	fi
 
 $(TOX_STAMP): $(STAMP)
