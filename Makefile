@@ -1,18 +1,22 @@
 # django-idempotency-outbox — developer entry points.
 #
 #   make demo               the example shop, running, with a narrated scenario (make demo-stop)
-#   make test               the whole suite on a private PostgreSQL (started and stopped here)
+#   make test               the whole suite on a private PostgreSQL, Redis and RabbitMQ,
+#                           started and stopped here; as root, a missing Debian package
+#                           (pgbouncer's too: the tests start poolers of their own) is
+#                           installed first (scripts/services)
 #   make test-pooled        the idempotency, tenancy and outbox suites (and the session-state
 #                           tests) with every alias through a private pgbouncer in transaction
 #                           mode (DIO_POOLED=app,worker,system); tests marked direct_sessions
 #                           are skipped there, with their reason
 #   make test-app-alias     the same suites with the aliases named other than "default"
 #                           (tests/settings_app_alias.py: nothing may assume "default")
-#   make test-variants      the idempotency, tenancy and outbox suites (and the session-state
-#                           tests) once more, in every deployment variant at once: every
-#                           alias through pgbouncer (as test-pooled), the aliases named
-#                           other than default (as test-app-alias), the verified tenant
-#                           context (as test-verified); what CI runs after make test
+#   make test-variants      the tests marked `variants` (what a deployment variant can
+#                           change: docs/contributing.md) once more, in every variant at
+#                           once: every alias through pgbouncer (as test-pooled), the
+#                           aliases named other than default (as test-app-alias), the
+#                           verified tenant context (as test-verified); CI runs it after
+#                           make test
 #   make test-matrix        tox: the upstream-pinning tests and the contract on the oldest
 #                           allowed Django, DRF, psycopg, Celery/kombu (tox.ini; the newest
 #                           are make test's own, installed from pyproject.toml's ranges,
@@ -83,14 +87,15 @@ test-app-alias: $(STAMP)
 		scripts/services run pg redis rabbitmq -- $(BIN)/python -m pytest tests/tenancy tests/idempotency tests/outbox $(PYTEST_ARGS)
 
 # Every deployment variant in one pass: every alias behind pgbouncer, the aliases renamed
-# (tests/settings_app_alias.py) and the verified tenant context. Each variant's own
-# target stays for a run of its own; CI runs this one after make test (docs/contributing.md).
+# (tests/settings_app_alias.py) and the verified tenant context, for the tests marked
+# `variants`: those whose outcome a variant can change (docs/contributing.md says which).
+# Each variant's own target stays for a run of its own (whole suites); CI runs this one
+# after make test. scripts/ci-count uses the same settings.
 .PHONY: test-variants
 test-variants: $(STAMP)
 	@DIO_POOLED=app,worker,system DIO_VERIFIED_CONTEXT=1 DJANGO_SETTINGS_MODULE=tests.settings_app_alias \
 		scripts/services run pg redis rabbitmq pgbouncer -- \
-		$(BIN)/python -m pytest tests/idempotency tests/tenancy tests/outbox \
-		tests/test_session_state.py $(PYTEST_ARGS)
+		$(BIN)/python -m pytest -m variants $(PYTEST_ARGS)
 
 # The version matrix (tox.ini): the tests that pin other projects' behaviour, and the
 # contract, on the oldest Django 5.2.x, DRF, psycopg 3.x and Celery/kombu 5.x that
