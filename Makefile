@@ -1,8 +1,10 @@
 # django-idempotency-outbox — developer entry points.
 #
 #   make demo               the example shop, running, with a narrated scenario (make demo-stop)
-#   make test               the whole suite on a private PostgreSQL (started and stopped here),
-#                           the admin's browser tests in Debian's Chromium included
+#   make test               the whole suite on a private PostgreSQL, Redis and RabbitMQ,
+#                           started and stopped here, the admin's browser tests in Debian's
+#                           Chromium included; as root, a missing Debian package (pgbouncer's
+#                           too: the tests start poolers of their own) is installed first
 #   make screenshots        the browser tests again, saving the admin's pages the docs
 #                           show into docs/img/
 #   make test-pooled        the idempotency, tenancy and outbox suites (and the session-state
@@ -11,17 +13,18 @@
 #                           are skipped there, with their reason
 #   make test-app-alias     the same suites with the aliases named other than "default"
 #                           (tests/settings_app_alias.py: nothing may assume "default")
-#   make test-variants      the idempotency, tenancy and outbox suites (and the session-state
-#                           tests) once more, in every deployment variant at once: every
-#                           alias through pgbouncer (as test-pooled), the aliases named
-#                           other than default (as test-app-alias), the verified tenant
-#                           context (as test-verified); what CI runs after make test
+#   make test-variants      the tests marked `variants` (what a deployment variant can
+#                           change: docs/contributing.md) once more, in every variant at
+#                           once: every alias through pgbouncer (as test-pooled), the
+#                           aliases named other than default (as test-app-alias), the
+#                           verified tenant context (as test-verified); CI runs it after
+#                           make test
 #   make test-matrix        tox: the upstream-pinning tests and the contract on the oldest
 #                           allowed Django, DRF, psycopg, Celery/kombu (tox.ini; the newest
 #                           are make test's own, installed from pyproject.toml's ranges,
 #                           and Django 6.0 is test-django60's)
 #   make test-django60      tox's django60 environment (Django 6.0) on a Python >= 3.12,
-#                           or a plain line saying why it did not run
+#                           or a plain line saying why it did not run (a failure in CI)
 #   make test-verified      the same suites in the verified tenant context (DIO_VERIFIED_CONTEXT=1:
 #                           the key installed and the mode on, docs/roles.md)
 #   make dist               sdist and wheel into dist/ (DIST=dir: elsewhere), twine check,
@@ -98,35 +101,42 @@ test-app-alias: $(STAMP)
 		scripts/services run pg redis rabbitmq -- $(BIN)/python -m pytest tests/tenancy tests/idempotency tests/outbox $(PYTEST_ARGS)
 
 # Every deployment variant in one pass: every alias behind pgbouncer, the aliases renamed
-# (tests/settings_app_alias.py) and the verified tenant context. Each variant's own
-# target stays for a run of its own; CI runs this one after make test (docs/contributing.md).
+# (tests/settings_app_alias.py) and the verified tenant context, for the tests marked
+# `variants`: those whose outcome a variant can change (docs/contributing.md says which).
+# Each variant's own target stays for a run of its own (whole suites); CI runs this one
+# after make test. scripts/ci-count uses the same settings.
 .PHONY: test-variants
 test-variants: $(STAMP)
 	@DIO_POOLED=app,worker,system DIO_VERIFIED_CONTEXT=1 DJANGO_SETTINGS_MODULE=tests.settings_app_alias \
 		scripts/services run pg redis rabbitmq pgbouncer -- \
-		$(BIN)/python -m pytest tests/idempotency tests/tenancy tests/outbox \
-		tests/test_session_state.py $(PYTEST_ARGS)
+		$(BIN)/python -m pytest -m variants $(PYTEST_ARGS)
 
 # The version matrix (tox.ini): the tests that pin other projects' behaviour, and the
 # contract, on the oldest Django 5.2.x, DRF, psycopg 3.x and Celery/kombu 5.x that
 # pyproject.toml allows (tests/upstream/oldest.txt). The newest are make test's own:
 # its virtualenv installs them from pyproject.toml's ranges (tox -e newest runs them
 # apart); Django 6.0 is make test-django60's.
+# In CI (CI set, as .ci/run sets it) an environment whose Python is missing fails
+# rather than being skipped: a step that cannot run must not pass.
+TOX_STRICT := $(if $(CI),--skip-missing-interpreters false)
+
 .PHONY: test-matrix
 test-matrix: $(TOX_STAMP)
-	@$(BIN)/tox --recreate -e oldest $(TOX_ARGS)
+	@$(BIN)/tox --recreate -e oldest $(TOX_STRICT) $(TOX_ARGS)
 
 # Django 6.0 (tox's django60 environment) needs Python >= 3.12: the first one found
 # on the path (python3.14 ... python3.12), else one pyenv has installed. Without any,
-# it says plainly that the environment did not run, and why, and succeeds.
+# it says plainly that the environment did not run, and why: a failure in CI (CI set),
+# a success elsewhere.
 .PHONY: test-django60
 test-django60: $(TOX_STAMP)
 	@py=$$(scripts/find-python 3.12); \
 	if [ -z "$$py" ]; then \
 		echo "[make] test-django60: the django60 environment did NOT run: no Python >= 3.12 was found (on the path: $$($(PYTHON) --version 2>&1); pyenv: $$(ls "$${PYENV_ROOT:-$$HOME/.pyenv}/versions" 2>/dev/null | tr '\n' ' ')). Django 6.0 needs Python 3.12."; \
+		if [ -n "$(CI)" ]; then echo "[make] test-django60: failing: CI is set, and CI must not pass without it"; exit 1; fi; \
 	else \
 		echo "[make] test-django60: Django 6.0 on $$($$py --version) ($$py)"; \
-		$(BIN)/tox -e django60 --discover "$$py" $(TOX_ARGS); \
+		$(BIN)/tox -e django60 --discover "$$py" $(TOX_STRICT) $(TOX_ARGS); \
 	fi
 
 $(TOX_STAMP): $(STAMP)

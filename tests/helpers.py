@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable, Iterator
+from typing import NoReturn
 
 import psycopg
 import pytest
@@ -15,6 +17,17 @@ from django.db import connections
 #: transaction open elsewhere on the server (another test database) may hold
 #: the outbox's delivery fence back for a moment; nothing here measures time.
 PATIENCE = 60.0
+
+
+def unavailable(reason: str) -> NoReturn:
+    """Skip the test: ``reason`` names what it needs that is not there (a service, a file).
+
+    In CI (``CI`` set, as .ci/run sets it) the test fails instead: CI must not pass
+    with a test that could not run.
+    """
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI is set: a test that cannot run fails)", pytrace=False)
+    pytest.skip(reason)
 
 
 def wait_for(predicate: Callable[[], bool], what: str, patience: float = PATIENCE) -> None:

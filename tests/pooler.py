@@ -4,8 +4,11 @@ Behind a transaction pooler, the next borrower of a server session may be
 another tenant's request. With ``pool_size = 1`` every client of a role
 borrows the *same* server session, so a test can leave something in it as
 one borrower and watch what the next one (the library's own flows) makes of
-it. ``make test`` and ``make test-pooled`` both run these tests;
-``scripts/services`` installs pgbouncer (Debian's package) with PostgreSQL.
+it. Every run of the tests runs these (``make test``, ``make test-variants``...):
+they need pgbouncer's binary, ``/usr/sbin/pgbouncer``, not a running pgbouncer.
+``scripts/services`` installs it (Debian's package) whenever it starts PostgreSQL
+as root, as ``make test`` does on a fresh machine; run as any other user, these
+tests fail and name the command that installs it.
 """
 
 from __future__ import annotations
@@ -139,7 +142,7 @@ def pool_of_one(*, reset: bool = True) -> Iterator[Pooler]:
     if not os.access(PGBOUNCER, os.X_OK):
         raise RuntimeError(
             f"{PGBOUNCER} is missing: as root, run 'apt-get install -y pgbouncer' (Debian's "
-            "package; scripts/services installs it when it runs as root)"
+            "package; scripts/services installs it when it starts PostgreSQL as root)"
         )
     root = os.geteuid() == 0
     workdir = Path(tempfile.mkdtemp(prefix="dio-pool-of-one.", dir="/var/tmp"))

@@ -54,6 +54,7 @@ import psycopg
 import pytest
 
 from django_idempotency_outbox import __version__
+from tests.helpers import unavailable
 from tests.live import ROOT, free_port
 
 DOCS = ROOT / "docs"
@@ -554,9 +555,13 @@ def test_the_phases_page_works_as_written(project):
                             ).fetchall() == [(1, 1, "shp_1")]
 
 
-@pytest.mark.skipif(not Path("/usr/sbin/pgbouncer").exists() and not shutil.which("pgbouncer"),
-                    reason="pgbouncer is not installed (Debian's package pgbouncer)")
-def test_the_pgbouncer_page_works_as_written(project):
+@pytest.fixture
+def pgbouncer_installed():
+    if not Path("/usr/sbin/pgbouncer").exists() and not shutil.which("pgbouncer"):
+        unavailable("pgbouncer is not installed (Debian's package pgbouncer)")
+
+
+def test_the_pgbouncer_page_works_as_written(pgbouncer_installed, project):
     getting_started(project)
     project.follow(DOCS / "getting-started-pgbouncer.md")
     pgbouncer = next(log.read_text() for text, _, log in project.finished

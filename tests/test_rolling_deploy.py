@@ -31,6 +31,7 @@ import requests
 from django.conf import settings
 
 from tests.dbsetup import owner_dsn, template_name
+from tests.helpers import unavailable
 from tests.live import ROOT, free_port
 
 PREVIOUS = "ab7a18f"  # 0.1.0.dev0
@@ -57,7 +58,7 @@ def _run(args: list[str], **kwargs: object) -> str:
 def previous() -> Path:
     """The previous release's tree, with a virtualenv of its own (built once, then reused)."""
     if not (REPOSITORY / ".git").exists():
-        pytest.skip("needs the repository's history (git archive of the previous release): "
+        unavailable("needs the repository's history (git archive of the previous release): "
                     "run from a git checkout, or set DIO_REPOSITORY to one")
     tree, venv, stamp = HOME / "tree", HOME / "venv", HOME / ".installed"
     if not stamp.exists():

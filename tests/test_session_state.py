@@ -49,6 +49,8 @@ from tests.session_state import (
 from tests.tenancy.test_pinned_names import Direct
 from tests.testapp.models import Order
 
+pytestmark = pytest.mark.variants  # make test-variants runs it again (docs/contributing.md)
+
 A, B = 1, 2  # alice's tenant left the state; bob's request comes next
 SCOPE = "order.create-published"
 

@@ -26,6 +26,8 @@ from tests.idempotency.factories import KeyFactory, PendingKeyFactory
 from tests.testapp.auth import USERS
 from tests.testapp.models import Order
 
+pytestmark = pytest.mark.variants  # make test-variants runs it again (docs/contributing.md)
+
 DOCUMENTED_UNSTORED = (401, 403, 404, 408, 409, 425, 429)
 
 

@@ -8,6 +8,8 @@ import pytest
 
 from tests.helpers import app_connection, count_rows, observer
 
+pytestmark = pytest.mark.variants  # make test-variants runs it again (docs/contributing.md)
+
 
 def orders(where: str = "TRUE") -> int:
     return count_rows("testapp_order", where)

@@ -19,6 +19,8 @@ from django.db import connections
 from tests.helpers import count_rows, observer, wait_for
 from tests.idempotency.conftest import Client
 
+pytestmark = pytest.mark.variants  # make test-variants runs it again (docs/contributing.md)
+
 PATH = "/orders-holding/"
 
 

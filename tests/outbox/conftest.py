@@ -3,6 +3,7 @@ import uuid
 import pytest
 from django.conf import settings as django_settings
 
+from tests.helpers import unavailable
 from tests.outbox.support import recorders
 from tests.outbox.support.helpers import Broker, amqp_url
 
@@ -27,7 +28,7 @@ def broker(request, settings):
     if request.param == "rabbitmq":
         url = amqp_url()
         if url is None:
-            pytest.skip(NO_RABBITMQ)
+            unavailable(NO_RABBITMQ)
     else:
         url = django_settings.CELERY_BROKER_URL
     found = Broker(request.param, url)
@@ -43,7 +44,7 @@ def rabbitmq():
     """The suite's RabbitMQ (a Broker), for tests of RabbitMQ alone."""
     url = amqp_url()
     if url is None:
-        pytest.skip(NO_RABBITMQ)
+        unavailable(NO_RABBITMQ)
     return Broker("rabbitmq", url)
 
 

@@ -26,6 +26,8 @@ from tests.outbox.support.helpers import (
 )
 from tests.outbox.support.recorders import FAILING, OrderRecorder, PartitionedRecorder
 
+pytestmark = pytest.mark.variants  # make test-variants runs it again (docs/contributing.md)
+
 A, B = 1, 2
 
 

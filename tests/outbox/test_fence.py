@@ -45,6 +45,8 @@ from tests.outbox.support.helpers import (
 )
 from tests.outbox.support.recorders import OrderRecorder
 
+pytestmark = pytest.mark.variants  # make test-variants runs it again (docs/contributing.md)
+
 A, B = 1, 2
 
 

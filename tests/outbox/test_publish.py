@@ -28,6 +28,8 @@ from tests.helpers import (
 from tests.outbox.support.helpers import ROOT, publish_as, raw_publish
 from tests.testapp.models import Order
 
+pytestmark = pytest.mark.variants  # make test-variants runs it again (docs/contributing.md)
+
 A, B = 1, 2
 
 

@@ -20,6 +20,8 @@ from tests.helpers import count_rows, observer
 from tests.outbox.support.helpers import effects, offset, publish_as, publish_many, wait_for
 from tests.testapp.models import Order
 
+pytestmark = pytest.mark.variants  # make test-variants runs it again (docs/contributing.md)
+
 A, B = 1, 2
 
 

@@ -24,6 +24,8 @@ from tests.pooler import connection_settings
 from tests.testapp.models import Order
 from tests.wire import wire
 
+pytestmark = pytest.mark.variants  # make test-variants runs it again (docs/contributing.md)
+
 A = 1
 
 

@@ -7,6 +7,8 @@ import pytest
 from tenancy import GUC, current_tenant_id, tenant_context, validate_tenant_id
 from tests.helpers import app_atomic, app_connection
 
+pytestmark = pytest.mark.variants  # make test-variants runs it again (docs/contributing.md)
+
 
 def guc() -> str | None:
     with app_connection().cursor() as cursor:

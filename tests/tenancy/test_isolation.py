@@ -24,6 +24,8 @@ from tests.helpers import (
 from tests.testapp.factories import OrderFactory
 from tests.testapp.models import Order
 
+pytestmark = pytest.mark.variants  # make test-variants runs it again (docs/contributing.md)
+
 A, B = 1, 2
 
 

@@ -38,6 +38,8 @@ from tests.outbox.support.helpers import effects, message_position, offset, publ
 from tests.outbox.support.recorders import OrderRecorder
 from tests.testapp.models import Order
 
+pytestmark = pytest.mark.variants  # make test-variants runs it again (docs/contributing.md)
+
 B = 2  # bob's tenant (tests/testapp/auth.py); the earlier borrower had none
 
 #: What an earlier borrower leaves besides its temporary tables.

@@ -28,6 +28,8 @@ from tests.helpers import app_connection, connect, count_rows, observer
 from tests.tenancy.test_pinned_names import Direct, temporary_allowed  # noqa: F401
 from tests.wire import wire
 
+pytestmark = pytest.mark.variants  # make test-variants runs it again (docs/contributing.md)
+
 A, B = 1, 2
 
 direct_only = pytest.mark.direct_sessions(
