@@ -28,6 +28,7 @@ __all__ = [
     "Transport",
     "__version__",
     "health_view",
+    "message_from_record",
     "observe",
     "publish",
     "receive",
@@ -60,12 +61,14 @@ __getattr__ = lazy_exports(
         "NoTenant": "outbox.exceptions",
         "ConsumerConfigError": "outbox.exceptions",
         "health_view": "outbox.views",
+        "message_from_record": "outbox.debezium",
     },
 )
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
     from outbox.celery import ReceiverTask, receiver
     from outbox.consumers import Consumer, run_consumers
+    from outbox.debezium import message_from_record
     from outbox.django_tasks import receiver_task
     from outbox.exceptions import ConsumerConfigError, NoTenant, NotInTransaction, OutboxError
     from outbox.observation import observe, status

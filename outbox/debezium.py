@@ -210,8 +210,8 @@ def _signed_envelope(value: bytes | str | None, headers: Headers,
     return {name: data[name] for name in ENVELOPE_KEYS}
 
 
-def envelope(value: bytes | str | None, headers: Headers,
-             key: bytes | str | None = None) -> dict[str, Any]:
+def envelope_from_record(value: bytes | str | None, headers: Headers,
+                         key: bytes | str | None = None) -> dict[str, Any]:
     """The envelope the relay would have sent for a record of the outbox event router.
 
     Args:
@@ -234,8 +234,9 @@ def envelope(value: bytes | str | None, headers: Headers,
     return data
 
 
-def message(value: bytes | str | None, headers: Headers, key: bytes | str | None = None, *,
-            by: str = "a Debezium record") -> Message:
+def message_from_record(value: bytes | str | None, headers: Headers,
+                        key: bytes | str | None = None, *,
+                        by: str = "a Debezium record") -> Message:
     """The :class:`Message` of a record of the outbox event router, its signature checked.
 
     Hand it to your receivers as they are: a function decorated with
@@ -244,7 +245,7 @@ def message(value: bytes | str | None, headers: Headers, key: bytes | str | None
     has already handled (Debezium delivers at least once)::
 
         record = consumer.poll()                      # a Kafka client's record
-        order_created(debezium.message(record.value(), record.headers(), record.key()))
+        order_created(message_from_record(record.value(), record.headers(), record.key()))
 
     With ``OUTBOX["SIGNING_KEYS"]`` set, a record whose publisher's signature
     is missing, malformed, made with another key or does not match the record

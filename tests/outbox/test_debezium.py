@@ -185,7 +185,7 @@ def test_a_relay_less_deployment_delivers_each_decoded_message_to_its_receiver_o
     # Debezium replays from its last flushed position after a crash: every
     # record twice.
     for record in records + records:
-        receive_order(debezium.message(record.value, record.headers, record.key))
+        receive_order(debezium.message_from_record(record.value, record.headers, record.key))
     assert sorted(effects().values()) == [1, 1, 1]
     with observer() as conn:
         rows = conn.execute("SELECT tenant_id, sku FROM testapp_order ORDER BY id").fetchall()
@@ -210,11 +210,11 @@ def test_a_decoded_record_gives_the_envelope_the_relay_sends(slot):
     (record,) = slot.records()
     assert record.topic == "outbox.order" and record.key == b"order:9"
     relayed = read_envelopes(system_alias(), Position(), 10).messages[0]
-    assert debezium.envelope(record.value, record.headers, record.key) == relayed.data()
+    assert debezium.envelope_from_record(record.value, record.headers, record.key) == relayed.data()
     # The same Message a receiver gets from the relay's envelope (the xid, for
     # people, is not in the envelope).
-    assert debezium.message(record.value, record.headers, record.key) == Message.from_envelope(
-        relayed.data())
+    decoded = debezium.message_from_record(record.value, record.headers, record.key)
+    assert decoded == Message.from_envelope(relayed.data())
 
 
 def test_the_publishers_signature_verifies_as_a_receiver_decodes_the_record(slot, signed):
@@ -224,7 +224,7 @@ def test_the_publishers_signature_verifies_as_a_receiver_decodes_the_record(slot
     (record,) = slot.records()
     headers = json.loads(dict(record.headers)["headers"])  # type: ignore[arg-type]
     assert headers["outbox-signature"].startswith("r1.")
-    message = debezium.message(record.value, record.headers, record.key)
+    message = debezium.message_from_record(record.value, record.headers, record.key)
     assert message.message_id == message_id and message.tenant_id == T1
     assert message.headers == {"trace": "abc"}
 
@@ -247,14 +247,14 @@ def test_a_record_changed_on_the_way_is_refused_before_its_receiver_runs(slot, s
     ]
     for value, changed, why in forged:
         with pytest.raises(BadSignature, match=why):
-            receive_order(debezium.message(value, changed, record.key))
+            receive_order(debezium.message_from_record(value, changed, record.key))
     other = SigningKey.of(b"o" * 40)
     with pytest.raises(BadSignature, match="not in"):
-        debezium.verify(debezium.envelope(record.value, record.headers, record.key)
+        debezium.verify(debezium.envelope_from_record(record.value, record.headers, record.key)
                         | {"headers": headers}, keys=[other])
     assert effects() == {}
     assert "refused message" in caplog.text and "sku" not in caplog.text
-    receive_order(debezium.message(record.value, record.headers, record.key))
+    receive_order(debezium.message_from_record(record.value, record.headers, record.key))
     assert sum(effects().values()) == 1
 
 
