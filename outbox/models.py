@@ -30,6 +30,9 @@ from tenancy.privileges import APP, DML, SYSTEM, WORKER, TablePrivileges
 #:   their message's tenant.
 #: - system (cross-tenant reads and upkeep): reads the stream, offsets,
 #:   failures and dead letters; deletes what retention deletes.
+#:
+#: The fence's key (the proofs that a transaction published, docs/guarantees.md)
+#: is no role's but the owner's.
 TABLE_PRIVILEGES: TablePrivileges = {
     "outbox_messages": {
         APP: ("SELECT", "INSERT"),
@@ -40,6 +43,7 @@ TABLE_PRIVILEGES: TablePrivileges = {
     "outbox_consumer_failures": {WORKER: DML, SYSTEM: ("SELECT",)},
     "outbox_dead_letters": {APP: DML, WORKER: ("SELECT", "INSERT"), SYSTEM: ("SELECT",)},
     "outbox_received": {APP: ("SELECT", "INSERT"), SYSTEM: ("SELECT", "DELETE")},
+    "outbox_fence_key": {},
 }
 
 
