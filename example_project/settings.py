@@ -113,8 +113,13 @@ TENANCY = {
     "TENANT_RESOLVER": "example_project.shop.tenancy.merchant_of",
     "SYSTEM_DATABASE": "system",
     "WORKER_DATABASE": "worker",
-    # migrate as the owner grants the shop's tables too (docs/roles.md).
+    # migrate as the owner grants the shop's tables too (docs/roles.md)...
     "GRANT_PROJECT_TABLES": True,
+    # ...and these, without row-level security: the web process reads them before it
+    # knows the merchant (users, tokens, sessions, memberships), or they hold no
+    # merchant's rows. Every other table without RLS stays closed to it (tenancy.W040).
+    "SHARED_TABLES": ["admin", "auth", "authtoken", "contenttypes", "sessions",
+                      "shop_merchant", "shop_membership"],
 }
 
 IDEMPOTENCY = {

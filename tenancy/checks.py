@@ -36,6 +36,7 @@ def register() -> None:
     checks.register(_unless_unreadable(check_privileges), checks.Tags.database)
     checks.register(_unless_unreadable(check_project_privileges), checks.Tags.database)
     checks.register(check_policy_declarations)
+    checks.register(check_closed_tables)
     checks.register(_unless_unreadable(check_temporary), checks.Tags.database)
 
 
@@ -340,6 +341,37 @@ def check_project_privileges(
         hint='Set TENANCY["GRANT_PROJECT_TABLES"] = True and run migrate as the owner, or '
         "grant them yourself (docs/roles.md).",
         id="tenancy.W028",
+    )]
+
+
+def check_closed_tables(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Which tables of yours does ``GRANT_PROJECT_TABLES`` leave closed, for want of RLS?
+
+    Opened to the app role, a table without row-level security would hand every
+    tenant's rows to a query that forgets its tenant, and to SQL injected into
+    any tenant's request, in both modes. ``migrate`` opens it only when
+    ``TENANCY["SHARED_TABLES"]`` names it (``tenancy.W040`` until then).
+    """
+    from tenancy.privileges import closed_tables
+
+    try:
+        if not tenancy_settings.GRANT_PROJECT_TABLES:
+            return []
+        closed = closed_tables()
+    except ConfigurationError:
+        return []  # tenancy.E001 or E007
+    if not closed:
+        return []
+    shown = ", ".join(closed[:8]) + (f" and {len(closed) - 8} more" if len(closed) > 8 else "")
+    return [checks.Warning(
+        f"GRANT_PROJECT_TABLES leaves {len(closed)} table(s) of your apps closed to the app "
+        f"role ({shown}): they have no row-level security, so the web role would read and "
+        "write every tenant's rows in them.",
+        hint='Make a model that holds a tenant\'s rows tenant_isolated = True (docs/roles.md); '
+        'list a table that holds none, or that the web process reads before it knows the '
+        'tenant (users, tokens, sessions), in TENANCY["SHARED_TABLES"] (an app label or a '
+        "table name).",
+        id="tenancy.W040",
     )]
 
 

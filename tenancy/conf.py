@@ -17,6 +17,7 @@ from django_idempotency_outbox.conf import (
     secret,
     text,
     text_mapping,
+    texts,
 )
 
 _KEY_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -89,6 +90,14 @@ class TenancySettings(AppSettings):
     #: apps' tables: DML to the app role on every table of theirs, and to the
     #: worker role on the ``tenant_isolated`` ones (consumers' handlers write them).
     GRANT_PROJECT_TABLES = Setting(False, boolean)
+    #: The tables of your apps (and Django's) that ``GRANT_PROJECT_TABLES``
+    #: opens to the app role although they have no row-level security: app
+    #: labels (``"auth"``: every table of the app) or table names. List only
+    #: tables that hold no tenant's rows, or that the web process must read
+    #: before it knows the tenant (users, tokens, sessions, memberships):
+    #: the web role reads and writes every row of them, in every mode. Any
+    #: other table without row-level security is not opened (``tenancy.W040``).
+    SHARED_TABLES: Setting[tuple[str, ...]] = Setting((), texts)
     #: The status of the problem answer to a request on a tenant-scoped view
     #: (or an idempotent one) whose resolver names no tenant.
     STATUS_NO_TENANT = Setting(403, http_status)

@@ -16,6 +16,7 @@ import signal
 import sys
 import uuid
 
+import psycopg
 import pytest
 from django.core import checks
 from django.core.management import call_command
@@ -147,6 +148,71 @@ def test_a_relay_killed_part_way_through_enqueueing_a_batch_leaves_none_of_it(tm
     relay(tmp_path, 5, env={**TASKS, "DIO_RELAY_LEASE": "1"})
     manage(tmp_path, "db_worker", "--batch", "--no-startup-delay", name="db_worker")
     assert effects() == {str(i): 1 for i in ids}
+
+
+# -- the queue is the worker role's, never the web role's -----------------------------
+
+QUEUE_ATTACKS = {
+    "read every tenant's envelopes": f"SELECT args_kwargs FROM {TABLE}",
+    "mark another tenant's task done": f"UPDATE {TABLE} SET status = 'SUCCESSFUL'",
+    "copy a task": f"INSERT INTO {TABLE} SELECT * FROM {TABLE}",
+    "erase a task": f"DELETE FROM {TABLE}",
+    "lock the queue": f"SELECT id FROM {TABLE} FOR UPDATE",
+}
+
+
+@pytest.mark.parametrize("attack", list(QUEUE_ATTACKS))
+@pytest.mark.parametrize("way", ["direct", "pooled"])
+def test_the_web_role_cannot_touch_the_queue_of_every_tenants_envelopes(tmp_path, attack, way,
+                                                                       request):
+    """Issue 29, item 2: django-tasks-db's queue has no tenant column and no row-level
+    security. The relay enqueues on the worker alias and the tasks' worker claims there, so
+    the web role needs, and holds, no privilege on it: every statement is refused, as any
+    tenant, in either mode, directly or through a pooler."""
+    from tests.helpers import as_tenant, connect
+
+    publish_many(A, "order.placed", [{"sku": "queued"}])
+    relay(tmp_path, 1)  # tenant A's envelope waits in the queue
+    conn = (request.getfixturevalue("pooler").connect("default", autocommit=False)
+            if way == "pooled" else connect())
+    with conn, as_tenant(conn, B):
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute(QUEUE_ATTACKS[attack])
+    assert [r["status"] for r in results()] == ["READY"]
+
+
+def test_the_queue_is_routed_to_the_worker_alias_and_granted_the_worker_role_only(settings):
+    """Where django-tasks-db enqueues (the relay, a receiver's retry) and its worker claims:
+    the router's alias for the queue's model, the worker alias; the matrix gives the worker
+    role DML there and the app and system roles nothing."""
+    from django.db import router
+
+    settings.INSTALLED_APPS = [*settings.INSTALLED_APPS, "django_tasks_db"]
+    from django_tasks_db.models import DBTaskResult
+
+    from outbox.django_tasks import queue_alias
+    from tenancy.aliases import worker_alias
+    from tenancy.privileges import role_names
+
+    assert router.db_for_write(DBTaskResult) == router.db_for_read(DBTaskResult) == (
+        worker_alias()) == queue_alias()
+    names = role_names()
+    with observer() as conn:
+        held = {kind: conn.execute(
+            "SELECT array_agg(p ORDER BY p) FILTER (WHERE has_table_privilege(%s, %s, p))"
+            " FROM unnest(array['DELETE', 'INSERT', 'SELECT', 'TRUNCATE', 'UPDATE']) p",
+            [names[kind], TABLE]).fetchone()[0] for kind in ("app", "worker", "system")}
+    assert held == {"app": None, "worker": ["DELETE", "INSERT", "SELECT", "UPDATE"],
+                    "system": None}
+
+
+def test_the_check_refuses_a_queue_on_the_web_roles_alias(settings):
+    settings.OUTBOX = {**settings.OUTBOX, "TRANSPORT": "outbox.django_tasks.DjangoTasksTransport",
+                       "TASKS_TASK": TASK_PATH}
+    settings.INSTALLED_APPS = [*settings.INSTALLED_APPS, "django_tasks_db"]
+    assert "outbox.E124" not in [m.id for m in checks.run_checks()]
+    settings.DATABASE_ROUTERS = []  # the queue goes to "default", the app alias
+    assert "outbox.E124" in [m.id for m in checks.run_checks()]
 
 
 # -- a worker killed mid-task ----------------------------------------------------------
