@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import re
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -235,9 +234,8 @@ def grants(
 
 
 def quote(name: str) -> str:
-    """An SQL identifier, quoted only when it must be."""
-    if re.fullmatch(r"[a-z_][a-z0-9_$]*", name):
-        return name
+    """An SQL identifier, always quoted: a name that is also a keyword (a role called
+    ``user``) is then a name too, and a statement printed for a DBA is valid as printed."""
     return '"' + name.replace('"', '""') + '"'
 
 

@@ -35,6 +35,7 @@ from typing import Any
 from django.conf import settings
 
 from django_idempotency_outbox.errors import ConfigurationError
+from tenancy.layout import MAX_NAME_BYTES
 from tenancy.privileges import quote, role_names
 
 #: Role attributes each kind must have (pg_roles column -> wanted). The owner
@@ -42,11 +43,11 @@ from tenancy.privileges import quote, role_names
 REQUIRED: dict[str, dict[str, bool]] = {
     "owner": {"rolcanlogin": True, "rolcreatedb": True},
     "app": {"rolcanlogin": True, "rolsuper": False, "rolbypassrls": False,
-            "rolcreatedb": False, "rolcreaterole": False},
+            "rolcreatedb": False, "rolcreaterole": False, "rolreplication": False},
     "worker": {"rolcanlogin": True, "rolsuper": False, "rolbypassrls": False,
-               "rolcreatedb": False, "rolcreaterole": False},
+               "rolcreatedb": False, "rolcreaterole": False, "rolreplication": False},
     "system": {"rolcanlogin": True, "rolsuper": False, "rolbypassrls": True,
-               "rolcreatedb": False, "rolcreaterole": False},
+               "rolcreatedb": False, "rolcreaterole": False, "rolreplication": False},
 }
 _KEYWORDS = {
     "rolcanlogin": ("LOGIN", "NOLOGIN"),
@@ -54,6 +55,7 @@ _KEYWORDS = {
     "rolbypassrls": ("BYPASSRLS", "NOBYPASSRLS"),
     "rolcreatedb": ("CREATEDB", "NOCREATEDB"),
     "rolcreaterole": ("CREATEROLE", "NOCREATEROLE"),
+    "rolreplication": ("REPLICATION", "NOREPLICATION"),
 }
 KINDS = ("owner", "app", "worker", "system")
 
@@ -118,8 +120,23 @@ def target(owner_alias: str) -> Target:
         raise ConfigurationError(f"each kind needs a role of its own, not {roles}")
     if not owner.get("NAME"):
         raise ConfigurationError(f"DATABASES[{owner_alias!r}] names no database (NAME)")
+    for what, name in [*((f"the {kind} role", role) for kind, role in roles.items()),
+                       ("the database", str(owner["NAME"]))]:
+        refuse_truncated(what, name)
     return Target(roles, aliases, str(owner["NAME"]), str(owner.get("HOST") or ""),
                   str(owner.get("PORT") or ""))
+
+
+def refuse_truncated(what: str, name: str) -> None:
+    """Raise ConfigurationError when PostgreSQL would truncate ``name`` (over 63 bytes):
+    a role created under the cut name would not be found again by its whole name."""
+    size = len(name.encode("utf-8"))
+    if size > MAX_NAME_BYTES:
+        raise ConfigurationError(
+            f"{what} {name!r} is {size} bytes long: PostgreSQL keeps {MAX_NAME_BYTES} bytes of a "
+            "name and would cut the rest, so the next run would look for another name. Choose "
+            f"a name of at most {MAX_NAME_BYTES} bytes."
+        )
 
 
 # --- passwords ------------------------------------------------------------------------------
@@ -191,35 +208,46 @@ def password_for(kind: str, role: str, alias: str) -> Password:
 
 
 def saslprep(password: str) -> bytes:
-    """RFC 4013 SASLprep as PostgreSQL applies it to a SCRAM password.
+    """SASLprep (RFC 4013) exactly as PostgreSQL applies it to a SCRAM password.
 
-    ASCII passes unchanged. Otherwise the string is mapped and NFKC-normalized;
-    a prohibited character or a bidirectional mix makes PostgreSQL (and
-    libpq) use the raw bytes instead, and so does this.
+    PostgreSQL's ``pg_saslprep()`` (src/common/saslprep.c), which the server
+    and libpq share, step by step, so that a verifier computed here is the one
+    the server computes when the password logs in:
+
+    1. ASCII passes unchanged.
+    2. Map: a non-ASCII space (table C.1.2, U+200B ZERO WIDTH SPACE among them)
+       becomes a space *before* anything is mapped to nothing (table B.1,
+       which lists U+200B too): taken the other way round, a password with
+       U+200B would never log in.
+    3. Nothing left: the raw bytes are used.
+    4. Normalize the mapped string to NFKC: that is the result.
+    5. Prohibited characters and the bidirectional rule are checked on the
+       *mapped* string, before normalization, as PostgreSQL does; either
+       failing makes PostgreSQL (and this) use the raw bytes instead.
     """
     raw = password.encode("utf-8")
     if password.isascii():
         return raw
     mapped = "".join(
-        " " if stringprep.in_table_c12(c) else c
-        for c in password if not stringprep.in_table_b1(c)
+        " " if stringprep.in_table_c12(c) else "" if stringprep.in_table_b1(c) else c
+        for c in password
     )
-    text = unicodedata.normalize("NFKC", mapped)
+    if not mapped:
+        return raw
     prohibited: tuple[Callable[[str], bool], ...] = (
         stringprep.in_table_c12, stringprep.in_table_c21_c22, stringprep.in_table_c3,
         stringprep.in_table_c4, stringprep.in_table_c5, stringprep.in_table_c6,
         stringprep.in_table_c7, stringprep.in_table_c8, stringprep.in_table_c9,
         stringprep.in_table_a1,
     )
-    if not text or any(check(c) for c in text for check in prohibited):
+    if any(check(c) for c in mapped for check in prohibited):
         return raw
-    rand_al = [stringprep.in_table_d1(c) for c in text]
-    if any(rand_al):
-        if any(stringprep.in_table_d2(c) for c in text):
+    if any(stringprep.in_table_d1(c) for c in mapped):
+        if any(stringprep.in_table_d2(c) for c in mapped):
             return raw
-        if not (rand_al[0] and rand_al[-1]):
+        if not (stringprep.in_table_d1(mapped[0]) and stringprep.in_table_d1(mapped[-1])):
             return raw
-    return text.encode("utf-8")
+    return unicodedata.normalize("NFKC", mapped).encode("utf-8")
 
 
 def scram_verifier(password: str, *, salt: bytes | None = None, iterations: int = 4096) -> str:

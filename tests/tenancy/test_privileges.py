@@ -122,9 +122,9 @@ def test_the_check_names_the_grant_for_a_missing_privilege_and_the_revoke_for_an
         found = {(e.id, e.hint.split(": ", 1)[1].split(" (")[0])
                  for e in check_privileges(databases=[app_alias()])}
         assert found == {
-            ("tenancy.E017", f"GRANT INSERT ON consumer_offsets TO {names['worker']};"),
-            ("tenancy.E018", f"REVOKE UPDATE ON consumer_offsets FROM {names['app']};"),
-            ("tenancy.E018", f"REVOKE TRUNCATE ON outbox_messages FROM {names['system']};"),
+            ("tenancy.E017", f'GRANT INSERT ON "consumer_offsets" TO "{names["worker"]}";'),
+            ("tenancy.E018", f'REVOKE UPDATE ON "consumer_offsets" FROM "{names["app"]}";'),
+            ("tenancy.E018", f'REVOKE TRUNCATE ON "outbox_messages" FROM "{names["system"]}";'),
         }
     finally:
         apply("owner")
@@ -178,7 +178,7 @@ def test_project_table_grants_only_add_and_keep_grants_made_by_hand(settings):
         conn.execute(f"REVOKE UPDATE ON testapp_order FROM {app}")  # one of ours, missing
     try:
         ran = apply("owner")
-        assert ran == [f"GRANT UPDATE ON testapp_order TO {app};"]  # added; nothing revoked
+        assert ran == [f'GRANT UPDATE ON "testapp_order" TO "{app}";']  # added; nothing revoked
         with observer() as conn:
             held = dict(conn.execute(
                 "SELECT r, string_agg(p, ',' ORDER BY p) FROM unnest(%s::text[]) r,"
