@@ -7,7 +7,11 @@ failing, or an open transaction that published for the message's tenant holds
 that tenant back (each problem says which) — when a prepared (two-phase)
 transaction that published has held delivery back for longer than
 ``HEALTH_MAX_LAG`` (nothing but ``COMMIT PREPARED`` or ``ROLLBACK PREPARED``
-ends it, whether or not a message waits for it yet), or when the relay
+ends it, whether or not a message waits for it yet), when a role's settings
+differ from what ``create_roles`` made (``TENANCY["ROLE_SETTINGS"]``) on a
+parameter delivery rests on (``synchronous_commit``, the timeouts that bound
+how long a publisher holds its tenants, read-only or isolation defaults:
+``tenancy.provision.GUARANTEED``), or when the relay
 (unless ``OUTBOX["TRANSPORT"]`` is None) holds no lease, or one that ran out
 more than :data:`MAX_LEASE_AGE` ago (``outbox_health --max-lease-age``): a
 running relay renews its lease every quarter of ``RELAY_LEASE`` even when
@@ -27,6 +31,8 @@ from outbox.consumers import configured_consumers
 from outbox.observation import Observation, observe
 from outbox.relay import relay_readers
 from outbox.store import Publisher, ReaderState
+from tenancy.aliases import system_alias
+from tenancy.provision import role_drift
 
 #: Seconds a relay's lease may have run out before the relay counts as not
 #: running (``outbox_health --max-lease-age``): a running relay renews it every
@@ -101,6 +107,10 @@ def check(
     problems.extend(_stalled(p, lag_limit) for p in seen.publishers
                     if p.pid is None and p.age is not None
                     and p.age.total_seconds() > lag_limit)
+    problems.extend(
+        f"the {d.said} (TENANCY[\"ROLE_SETTINGS\"]): {d.breaks}; {d.fix}"
+        for d in role_drift(system_alias(using)) if d.delivery
+    )
     return Health(problems, rows)
 
 

@@ -38,6 +38,7 @@ def register() -> None:
     checks.register(check_policy_declarations)
     checks.register(check_closed_tables)
     checks.register(_unless_unreadable(check_temporary), checks.Tags.database)
+    checks.register(_unless_unreadable(check_role_drift), checks.Tags.database)
 
 
 def _unless_unreadable(check: Any) -> Any:
@@ -606,3 +607,40 @@ def _check_system_alias(alias: str, tables: list[str]) -> Iterable[checks.CheckM
                 id="tenancy.E016",
             )
         yield from _check_table_rls(fact)
+
+
+def check_role_drift(
+    app_configs: Any = None, databases: Sequence[str] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Do the app, worker and system roles still look as ``create_roles`` made them?
+
+    Their attributes, no connection limit or expiry, and exactly the role-level
+    settings of ``TENANCY["ROLE_SETTINGS"]`` (none for one database alone). The
+    web role may change its own settings for every later session (``ALTER
+    ROLE CURRENT_USER SET ...``): a difference on a parameter a guarantee rests
+    on is an error (``tenancy.E041``), another a warning (``W042``); an
+    attribute that breaks isolation is an error (``E043``), another a warning
+    (``W044``). Asked on the first alias named (the catalogs are readable by
+    every role).
+    """
+    from tenancy.provision import role_drift
+
+    aliases = [a for a in databases or () if a in settings.DATABASES and _is_postgresql(a)]
+    if not aliases:
+        return []
+    try:
+        found = role_drift(aliases[0])
+    except DatabaseError:
+        return []  # check_database_roles reports an alias it cannot inspect (tenancy.E010)
+    messages: list[checks.CheckMessage] = []
+    for d in found:
+        hint = f"Run, as a superuser: {d.fix} (or manage.py create_roles, which puts it back)."
+        if d.attribute:
+            level, id_ = (checks.Error, "tenancy.E043") if d.breaks else (checks.Warning,
+                                                                           "tenancy.W044")
+        else:
+            level, id_ = (checks.Error, "tenancy.E041") if d.breaks else (checks.Warning,
+                                                                           "tenancy.W042")
+        why = f": {d.breaks}" if d.breaks else ""
+        messages.append(level(f"The {d.said}{why}.", hint=hint, id=id_))
+    return messages

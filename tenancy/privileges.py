@@ -22,7 +22,6 @@ kind's alias (``APP_DATABASE``, ``WORKER_DATABASE``, ``SYSTEM_DATABASE``).
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any

@@ -59,6 +59,32 @@ _KEYWORDS = {
 }
 KINDS = ("owner", "app", "worker", "system")
 
+#: The role-level parameters a guarantee of the library rests on: what a value
+#: other than ``TENANCY["ROLE_SETTINGS"]``'s breaks, and whether it is the
+#: outbox's delivery (then health reports it too). The web role may set any of
+#: them on itself, for every later session (``ALTER ROLE CURRENT_USER SET``).
+GUARANTEED: dict[str, tuple[str, bool]] = {
+    "app.tenant_id": ("every session starts as that tenant: in the plain mode, a query "
+                      "outside tenant_context() reads and writes its rows", False),
+    "app.tenant_token": ("every session starts with that token", False),
+    "search_path": ("names resolve where it says, for your queries outside tenant_context() "
+                    "and for the schemas the library pins (read from a session's start)",
+                    False),
+    "row_security": ("off: every query on a tenant-isolated table fails", False),
+    "role": ("every session starts as another role", False),
+    "lock_timeout": ("statements give up waiting for locks after it (or never)", False),
+    "default_transaction_read_only": ("nothing is written: no publish, no stored answer, no "
+                                      "offset moves", True),
+    "default_transaction_isolation": ("the outbox's readers refuse anything but READ "
+                                      "COMMITTED, and delivery stops", True),
+    "synchronous_commit": ("a commit is acknowledged before it is on disk: a message the relay "
+                           "sent may vanish with its change in a crash", True),
+    "statement_timeout": ("a publishing transaction's statement may hold its tenants back "
+                          "that long (0: for ever)", True),
+    "idle_in_transaction_session_timeout": ("an idle publishing transaction may hold its "
+                                            "tenants back that long (0: for ever)", True),
+}
+
 
 @dataclass(frozen=True)
 class Target:
@@ -137,6 +163,146 @@ def refuse_truncated(what: str, name: str) -> None:
             "name and would cut the rest, so the next run would look for another name. Choose "
             f"a name of at most {MAX_NAME_BYTES} bytes."
         )
+
+
+# --- what create_roles made, and how a role differs from it --------------------------------
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A role as the catalogs show it: attributes, and its role-level settings."""
+
+    attributes: dict[str, bool]
+    connection_limit: int
+    expires: bool  #: VALID UNTIL a time (create_roles sets none)
+    settings: dict[str, str]  #: for every database
+    database_settings: dict[str, str]  #: for the database (they win there)
+    database: str
+
+
+def shapes(rows: Iterable[tuple[Any, ...]]) -> dict[str, Shape]:
+    """The rows of ``tenancy/queries.sql``'s ``role_shapes``, by role name."""
+    def split(configs: Iterable[str]) -> dict[str, str]:
+        return dict(config.split("=", 1) for config in configs)
+
+    found: dict[str, Shape] = {}
+    for (name, superuser, bypassrls, createrole, createdb, login, replication, limit, expires,
+         everywhere, here, database) in rows:
+        attributes = {"rolsuper": superuser, "rolbypassrls": bypassrls,
+                      "rolcreaterole": createrole, "rolcreatedb": createdb,
+                      "rolcanlogin": login, "rolreplication": replication}
+        found[name] = Shape(attributes, limit, expires, split(everywhere), split(here), database)
+    return found
+
+
+@dataclass(frozen=True)
+class Drift:
+    """One way a role differs from what create_roles made of it."""
+
+    kind: str
+    role: str
+    name: str  #: a parameter, or an attribute's keyword
+    found: str | None  #: None: not set
+    wanted: str | None
+    database: str = ""  #: set for this database only (ALTER ROLE ... IN DATABASE)
+    attribute: bool = False  #: an attribute (``name`` is the one to have), not a setting
+
+    @property
+    def breaks(self) -> str:
+        """What the difference breaks ("" when nothing the library promises)."""
+        if self.attribute:
+            return ATTRIBUTE_BREAKS.get(self.found or "", "")
+        return GUARANTEED.get(self.name, ("", False))[0]
+
+    @property
+    def delivery(self) -> bool:
+        """Whether it breaks a promise of the outbox's delivery (health reports it)."""
+        return not self.attribute and GUARANTEED.get(self.name, ("", False))[1]
+
+    @property
+    def said(self) -> str:
+        """The difference, in a phrase: ``role shop_app (app) has ..., where create_roles ...``."""
+        who = f"role {self.role} ({self.kind})"
+        if self.attribute:
+            return f"{who} has {self.found}, where create_roles makes {self.wanted}"
+        where = f" in database {self.database}" if self.database else ""
+        if self.found is None:
+            return f"{who} lacks {self.name} = {self.wanted!r}, which create_roles sets"
+        if self.wanted is None:
+            return (f"{who} has {self.name} = {self.found!r}{where}, which create_roles does "
+                    "not set")
+        return f"{who} has {self.name} = {self.found!r}, where create_roles sets {self.wanted!r}"
+
+    @property
+    def fix(self) -> str:
+        role = quote(self.role)
+        if self.attribute:
+            return f"ALTER ROLE {role} {self.wanted};"
+        if self.database:
+            return f"ALTER ROLE {role} IN DATABASE {quote(self.database)} RESET {self.name};"
+        if self.wanted is None:
+            return f"ALTER ROLE {role} RESET {self.name};"
+        return f"ALTER ROLE {role} SET {self.name} = {literal(self.wanted)};"
+
+
+ATTRIBUTE_BREAKS = {
+    "SUPERUSER": "row-level security does not apply to a superuser",
+    "BYPASSRLS": "row-level security does not apply to it",
+    "NOBYPASSRLS": "cross-tenant upkeep sees one tenant at most",
+    "CREATEROLE": "it may create roles and grant itself their membership",
+    "REPLICATION": "it may stream the write-ahead log: every tenant's rows",
+}
+
+
+def literal(value: str) -> str:
+    """An SQL string literal."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def drift(kind: str, role: str, shape: Shape) -> list[Drift]:
+    """How ``role`` (of ``kind``: app, worker or system) differs from what create_roles makes:
+    the required attributes, no connection limit or expiry, and exactly
+    ``TENANCY["ROLE_SETTINGS"][kind]`` as its settings (none for this database alone)."""
+    from tenancy.conf import tenancy_settings
+
+    found: list[Drift] = []
+    for column, wanted in REQUIRED[kind].items():
+        if shape.attributes.get(column) != wanted:
+            yes, no = _KEYWORDS[column]
+            found.append(Drift(kind, role, yes if wanted else no,
+                               no if wanted else yes, yes if wanted else no, attribute=True))
+    if shape.connection_limit != -1:
+        found.append(Drift(kind, role, "CONNECTION LIMIT -1",
+                           f"CONNECTION LIMIT {shape.connection_limit}", "CONNECTION LIMIT -1",
+                           attribute=True))
+    if shape.expires:
+        found.append(Drift(kind, role, "VALID UNTIL 'infinity'", "VALID UNTIL a time",
+                           "VALID UNTIL 'infinity'", attribute=True))
+    wanted_settings = tenancy_settings.ROLE_SETTINGS.get(kind, {})
+    for name in sorted(set(wanted_settings) | set(shape.settings)):
+        if shape.settings.get(name) != wanted_settings.get(name):
+            found.append(Drift(kind, role, name, shape.settings.get(name),
+                               wanted_settings.get(name)))
+    for name, value in sorted(shape.database_settings.items()):
+        found.append(Drift(kind, role, name, value, None, shape.database))
+    return found
+
+
+def role_drift(using: str) -> list[Drift]:
+    """How the app, worker and system roles named in settings differ from what create_roles
+    makes, as seen through ``using`` (any alias: the catalogs are readable by every role).
+    A role that does not exist is left out."""
+    from django.db import connections
+
+    from django_idempotency_outbox.sqlfiles import queries
+
+    names = role_names()
+    with connections[using].cursor() as cursor:
+        cursor.execute(queries("tenancy")["role_shapes"],
+                       {"roles": sorted(set(names.values())), "database": None})
+        found = shapes(cursor.fetchall())
+    return [d for kind, role in names.items() if role in found
+            for d in drift(kind, role, found[role])]
 
 
 # --- passwords ------------------------------------------------------------------------------
@@ -284,14 +450,19 @@ def plan(
     database_exists: bool,
     passwords: Callable[[str], Password],
     known: Callable[[str], str | None] = lambda kind: "",
+    shaped: dict[str, Shape] | None = None,
 ) -> Plan:
     """What to do to reach ``goal`` from the catalog state given (empty: a new server).
 
     ``known(kind)`` says where the password of an existing role is kept, or
     None when the settings and the password file have none: then the alias
     cannot log in where the server asks for a password, and the plan warns
-    (an existing role's password is never changed here).
+    (an existing role's password is never changed here). ``shaped`` (by role)
+    gives the existing roles' connection limits, expiry and settings: what
+    differs from what this makes (:func:`drift`) is put back.
     """
+    from tenancy.conf import tenancy_settings
+
     result = Plan()
     members = set(members_of_owner)
     for kind in KINDS:
@@ -305,15 +476,24 @@ def plan(
                 f"CREATE ROLE {quote(role)} {keywords} "
                 f"PASSWORD '{scram_verifier(password.value)}';",
             ))
+            for name, value in tenancy_settings.ROLE_SETTINGS.get(kind, {}).items():
+                result.steps.append(Step(
+                    f"role {role}: {name} = {value!r}",
+                    f"ALTER ROLE {quote(role)} SET {name} = {literal(value)};",
+                ))
             continue
         differ = _attributes(kind, current)
+        shape = (shaped or {}).get(role)
+        rest = [] if shape is None or kind == "owner" else [
+            d for d in drift(kind, role, shape) if not (d.attribute and d.name in differ)]
         if differ:
             result.steps.append(Step(
                 f"role {role}: exists; altered to {' '.join(differ)}",
                 f"ALTER ROLE {quote(role)} {' '.join(differ)};",
             ))
-        else:
+        elif not rest:
             result.steps.append(Step(f"role {role}: exists, as required"))
+        result.steps.extend(Step(f"{d.said}: put back", d.fix) for d in rest)
         if known(kind) is None:
             alias = goal.aliases[kind]
             path = alias_passfile(alias)
@@ -400,12 +580,13 @@ def superuser_connection(goal: Target, url: str | None) -> Any:
 
 def provision(goal: Target, conn: Any) -> Plan:
     """Look at the server, then create or alter what differs from ``goal``; return the plan run."""
-    wanted = list(goal.roles.values())
-    columns = ", ".join(_KEYWORDS)
-    rows = conn.execute(
-        f"SELECT rolname, {columns} FROM pg_roles WHERE rolname = ANY(%s)", [wanted]
-    ).fetchall()
-    roles = {row[0]: dict(zip(_KEYWORDS, row[1:], strict=True)) for row in rows}
+    from django_idempotency_outbox.sqlfiles import queries
+
+    shaped = shapes(conn.execute(
+        queries("tenancy")["role_shapes"],
+        {"roles": list(goal.roles.values()), "database": goal.database},
+    ).fetchall())
+    roles = {role: shape.attributes for role, shape in shaped.items()}
     members = [row[0] for row in conn.execute(
         "SELECT u.rolname FROM pg_auth_members m JOIN pg_roles o ON o.oid = m.roleid"
         " JOIN pg_roles u ON u.oid = m.member WHERE o.rolname = %s",
@@ -415,7 +596,7 @@ def provision(goal: Target, conn: Any) -> Plan:
         "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = %s", [goal.database]
     ).fetchone()
     result = plan(goal, roles, members, database[0] if database else None,
-                  database is not None, _password_source(goal), _known_password(goal))
+                  database is not None, _password_source(goal), _known_password(goal), shaped)
     if result.error:
         return result
     for step in result.changes:

@@ -194,6 +194,33 @@ def test_a_prepared_transaction_that_holds_delivery_is_a_stall_health_reports(
     assert "prepared" not in health("--max-lag", "0")[1]
 
 
+@pytest.mark.parametrize("statement, parameter", [
+    ("ALTER ROLE CURRENT_USER SET synchronous_commit = off", "synchronous_commit"),
+    ("ALTER ROLE CURRENT_USER SET idle_in_transaction_session_timeout = 0",
+     "idle_in_transaction_session_timeout"),
+])
+def test_a_role_setting_the_web_role_gave_itself_that_breaks_delivery_is_unhealthy(
+    every_reader, client, statement, parameter
+):
+    """Issue 29, item 7: settings the web role gives itself for every later session, where
+    delivery rests on them (a commit on disk before the relay sends its message; how long an
+    open publisher may hold its tenants), make health unhealthy until they are put back."""
+    from tests.helpers import connect
+
+    with connect(autocommit=True) as conn:
+        conn.execute(statement)
+    try:
+        code, out = health()
+        assert code == 1, out
+        assert f"role {app_role()} (app) has {parameter} = '" in out, out
+        assert f'RESET {parameter};' in out
+        assert client.get("/healthz/outbox").status_code == 503
+    finally:
+        with observer() as conn:
+            conn.execute(f'ALTER ROLE "{app_role()}" RESET ALL')
+    assert health()[0] == 0
+
+
 def test_a_stale_relay_lease_exits_1(every_reader):
     set_lease("now() - interval '30 seconds'")
     code, out = health("--max-lease-age", "10")

@@ -15,11 +15,11 @@ import uuid
 from pathlib import Path
 
 import psycopg
-from psycopg import sql
 import pytest
 from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.test import override_settings
+from psycopg import sql
 
 from django_idempotency_outbox.errors import ConfigurationError
 from tenancy import databases
@@ -197,6 +197,46 @@ def test_a_role_that_differs_from_the_design_is_altered(project):
         member = conn.execute("SELECT pg_has_role(%s, %s, 'MEMBER')",
                               [roles["worker"], roles["owner"]]).fetchone()[0]
     assert member is False
+    assert project.run()[0].strip().endswith("nothing to change")
+
+
+def test_settings_and_attributes_that_differ_are_put_back(project, settings):
+    """Issue 29, item 7: what create_roles makes includes the roles' settings (exactly
+    TENANCY["ROLE_SETTINGS"]), no connection limit and no expiry; a second run puts back what
+    the web role (or anyone) changed since."""
+    settings.TENANCY = {**settings.TENANCY,
+                        "ROLE_SETTINGS": {"app": {"statement_timeout": "30s"}}}
+    out, _ = project.run(print_only=True)
+    assert f'ALTER ROLE "{project.roles["app"]}" SET statement_timeout = \'30s\';' in out
+    project.run()
+    roles = project.roles
+    with psycopg.connect(host=settings.DATABASES["owner"]["HOST"],
+                         port=settings.DATABASES["owner"]["PORT"], user=roles["app"],
+                         dbname=project.name, passfile=str(project.passfile),
+                         autocommit=True) as web:
+        assert web.execute("SHOW statement_timeout").fetchone()[0] == "30s"
+        web.execute("ALTER ROLE CURRENT_USER SET statement_timeout = 0")
+        web.execute("ALTER ROLE CURRENT_USER SET search_path = pg_catalog")
+        web.execute(f'ALTER ROLE CURRENT_USER IN DATABASE "{project.name}"'
+                    " SET default_transaction_read_only = on")
+    with superuser("postgres") as conn:
+        conn.execute(f'ALTER ROLE "{roles["worker"]}" CONNECTION LIMIT 2'
+                     " VALID UNTIL '2999-01-01'")
+    out, _ = project.run()
+    assert (f"role {roles['app']} (app) has statement_timeout = '0', where create_roles sets "
+            "'30s': put back") in out, out
+    assert f"role {roles['app']} (app) has search_path = 'pg_catalog'" in out
+    assert f"in database {project.name}, which create_roles does not set" in out
+    assert f"role {roles['worker']} (worker) has CONNECTION LIMIT 2" in out
+    with superuser("postgres") as conn:
+        rows = conn.execute(
+            "SELECT r.rolname, s.setdatabase <> 0, s.setconfig FROM pg_db_role_setting s"
+            " JOIN pg_roles r ON r.oid = s.setrole WHERE r.rolname = ANY(%s)",
+            [list(roles.values())]).fetchall()
+        limit, expiry = conn.execute("SELECT rolconnlimit, rolvaliduntil::text FROM pg_roles"
+                                     " WHERE rolname = %s", [roles["worker"]]).fetchone()
+    assert rows == [(roles["app"], False, ["statement_timeout=30s"])]
+    assert (limit, expiry) == (-1, "infinity")
     assert project.run()[0].strip().endswith("nothing to change")
 
 
