@@ -194,3 +194,40 @@ def test_project_table_grants_only_add_and_keep_grants_made_by_hand(settings):
         with observer() as conn:
             conn.execute(f"REVOKE ALL ON testapp_plain_order FROM {worker}, {system}")
             conn.execute(f"GRANT UPDATE ON testapp_order TO {app}")
+
+
+# --- issue 29, item 2: GRANT_PROJECT_TABLES opens no table without RLS unless it is shared --
+
+
+def test_a_table_of_yours_without_rls_is_opened_only_when_shared(settings):
+    """testapp_plain_order holds every tenant's rows with no row-level security: migrate
+    opens it to the app role only because the test settings list it in SHARED_TABLES.
+    Without that, migrate's grants leave it closed, and check says which tables, and why."""
+    from django.core import checks
+
+    from tenancy.privileges import closed_tables, project_tables
+
+    app = role_names()["app"]
+    assert "testapp_plain_order" in project_tables()
+    settings.TENANCY = {**settings.TENANCY, "SHARED_TABLES": [
+        s for s in settings.TENANCY["SHARED_TABLES"] if s != "testapp_plain_order"]}
+    assert "testapp_plain_order" not in project_tables()
+    assert closed_tables() == ["testapp_plain_order"]
+    [warning] = [m for m in checks.run_checks() if m.id == "tenancy.W040"]
+    assert "testapp_plain_order" in warning.msg and "SHARED_TABLES" in warning.hint
+    with observer() as conn:
+        conn.execute(f'REVOKE ALL ON testapp_plain_order FROM "{app}"')
+    try:
+        assert not [s for s in apply("owner") if "testapp_plain_order" in s]
+        with observer() as conn:
+            assert not conn.execute("SELECT has_table_privilege(%s, 'testapp_plain_order',"
+                                    " 'SELECT')", [app]).fetchone()[0]
+        with connect() as conn, as_tenant(conn, A):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("SELECT * FROM testapp_plain_order")
+    finally:
+        with observer() as conn:
+            conn.execute(f'GRANT SELECT, INSERT, UPDATE, DELETE ON testapp_plain_order TO "{app}"')
+    settings.TENANCY = {**settings.TENANCY, "SHARED_TABLES": [
+        *settings.TENANCY["SHARED_TABLES"], "testapp_plain_order"]}
+    assert not [m for m in checks.run_checks() if m.id == "tenancy.W040"]
