@@ -202,9 +202,12 @@ class Drift:
     kind: str
     role: str
     name: str  #: a parameter, or an attribute's keyword
-    found: str | None  #: None: not set
+    found: str | None  #: a setting's value in the database (None: not set)
     wanted: str | None
-    database: str = ""  #: set for this database only (ALTER ROLE ... IN DATABASE)
+    database: str = ""  #: the database whose sessions it concerns
+    #: a setting: where it is set (ALTER ROLE ... SET, ALTER ROLE ... IN DATABASE ... SET)
+    everywhere: bool = False
+    here: bool = False
     attribute: bool = False  #: an attribute (``name`` is the one to have), not a setting
 
     @property
@@ -225,24 +228,28 @@ class Drift:
         who = f"role {self.role} ({self.kind})"
         if self.attribute:
             return f"{who} has {self.found}, where create_roles makes {self.wanted}"
-        where = f" in database {self.database}" if self.database else ""
         if self.found is None:
             return f"{who} lacks {self.name} = {self.wanted!r}, which create_roles sets"
         if self.wanted is None:
-            return (f"{who} has {self.name} = {self.found!r}{where}, which create_roles does "
-                    "not set")
+            return f"{who} has {self.name} = {self.found!r}, which create_roles does not set"
         return f"{who} has {self.name} = {self.found!r}, where create_roles sets {self.wanted!r}"
 
     @property
-    def fix(self) -> str:
+    def statements(self) -> list[str]:
+        """What puts it back, as a superuser (what create_roles runs)."""
         role = quote(self.role)
         if self.attribute:
-            return f"ALTER ROLE {role} {self.wanted};"
-        if self.database:
-            return f"ALTER ROLE {role} IN DATABASE {quote(self.database)} RESET {self.name};"
-        if self.wanted is None:
-            return f"ALTER ROLE {role} RESET {self.name};"
-        return f"ALTER ROLE {role} SET {self.name} = {literal(self.wanted)};"
+            return [f"ALTER ROLE {role} {self.wanted};"]
+        database = quote(self.database)
+        if self.wanted is not None:  # a database's own setting wins over the role's
+            return [f"ALTER ROLE {role} IN DATABASE {database} SET {self.name} = "
+                    f"{literal(self.wanted)};"]
+        return ([f"ALTER ROLE {role} IN DATABASE {database} RESET {self.name};"] * self.here
+                + [f"ALTER ROLE {role} RESET {self.name};"] * self.everywhere)
+
+    @property
+    def fix(self) -> str:
+        return " ".join(self.statements)
 
 
 ATTRIBUTE_BREAKS = {
@@ -262,7 +269,9 @@ def literal(value: str) -> str:
 def drift(kind: str, role: str, shape: Shape) -> list[Drift]:
     """How ``role`` (of ``kind``: app, worker or system) differs from what create_roles makes:
     the required attributes, no connection limit or expiry, and exactly
-    ``TENANCY["ROLE_SETTINGS"][kind]`` as its settings (none for this database alone)."""
+    ``TENANCY["ROLE_SETTINGS"][kind]`` as the settings its sessions start with in the
+    database (its own, ``ALTER ROLE ... SET``, under the database's, ``ALTER ROLE ... IN
+    DATABASE ... SET``, which win)."""
     from tenancy.conf import tenancy_settings
 
     found: list[Drift] = []
@@ -279,12 +288,12 @@ def drift(kind: str, role: str, shape: Shape) -> list[Drift]:
         found.append(Drift(kind, role, "VALID UNTIL 'infinity'", "VALID UNTIL a time",
                            "VALID UNTIL 'infinity'", attribute=True))
     wanted_settings = tenancy_settings.ROLE_SETTINGS.get(kind, {})
-    for name in sorted(set(wanted_settings) | set(shape.settings)):
-        if shape.settings.get(name) != wanted_settings.get(name):
-            found.append(Drift(kind, role, name, shape.settings.get(name),
-                               wanted_settings.get(name)))
-    for name, value in sorted(shape.database_settings.items()):
-        found.append(Drift(kind, role, name, value, None, shape.database))
+    effective = {**shape.settings, **shape.database_settings}
+    for name in sorted(set(wanted_settings) | set(effective)):
+        if effective.get(name) != wanted_settings.get(name):
+            found.append(Drift(kind, role, name, effective.get(name), wanted_settings.get(name),
+                               shape.database, everywhere=name in shape.settings,
+                               here=name in shape.database_settings))
     return found
 
 
@@ -465,6 +474,7 @@ def plan(
 
     result = Plan()
     members = set(members_of_owner)
+    settings_of_new: list[Step] = []  # settings (in the database): once it exists
     for kind in KINDS:
         role = goal.roles[kind]
         current = roles.get(role)
@@ -476,11 +486,11 @@ def plan(
                 f"CREATE ROLE {quote(role)} {keywords} "
                 f"PASSWORD '{scram_verifier(password.value)}';",
             ))
-            for name, value in tenancy_settings.ROLE_SETTINGS.get(kind, {}).items():
-                result.steps.append(Step(
-                    f"role {role}: {name} = {value!r}",
-                    f"ALTER ROLE {quote(role)} SET {name} = {literal(value)};",
-                ))
+            settings_of_new.extend(
+                Step(f"role {role}: {name} = {value!r} in database {goal.database}",
+                     f"ALTER ROLE {quote(role)} IN DATABASE {quote(goal.database)} SET {name} = "
+                     f"{literal(value)};")
+                for name, value in tenancy_settings.ROLE_SETTINGS.get(kind, {}).items())
             continue
         differ = _attributes(kind, current)
         shape = (shaped or {}).get(role)
@@ -493,7 +503,8 @@ def plan(
             ))
         elif not rest:
             result.steps.append(Step(f"role {role}: exists, as required"))
-        result.steps.extend(Step(f"{d.said}: put back", d.fix) for d in rest)
+        settings_of_new.extend(Step(f"{d.said}: put back" if n == 0 else "", statement)
+                               for d in rest for n, statement in enumerate(d.statements))
         if known(kind) is None:
             alias = goal.aliases[kind]
             path = alias_passfile(alias)
@@ -524,6 +535,7 @@ def plan(
         )
     else:
         result.steps.append(Step(f"database {goal.database}: exists, owned by {owner}"))
+    result.steps.extend(settings_of_new)
     return result
 
 

@@ -275,6 +275,7 @@ def test_a_tenant_for_every_session_is_an_error_of_check(restore_roles):
 def test_declared_role_settings_are_expected_and_held(settings, restore_roles):
     """TENANCY["ROLE_SETTINGS"] says what create_roles sets: missing, it is reported; set, it
     is not; changed by the web role (the timeouts off), it is again."""
+    from tenancy.privileges import database_name
     from tests.helpers import app_role, connect, observer
 
     settings.TENANCY = {**settings.TENANCY,
@@ -284,14 +285,19 @@ def test_declared_role_settings_are_expected_and_held(settings, restore_roles):
         f"role {app_role()} (app) lacks statement_timeout = '30s', which create_roles sets"
         in missing.msg)
     with observer() as conn:
-        conn.execute(f"ALTER ROLE \"{app_role()}\" SET statement_timeout = '30s'")
+        conn.execute(f"ALTER ROLE \"{app_role()}\" IN DATABASE \"{database_name()}\""
+                     " SET statement_timeout = '30s'")
     assert drift_messages() == []
-    with connect(autocommit=True) as conn:
+    with connect(autocommit=True) as conn:  # for every database: this one's wins
         conn.execute("ALTER ROLE CURRENT_USER SET statement_timeout = 0")
+        assert drift_messages() == []
+        conn.execute(f'ALTER ROLE CURRENT_USER IN DATABASE "{database_name()}"'
+                     " SET statement_timeout = 0")
     [changed] = drift_messages()
     assert "has statement_timeout = '0', where create_roles sets '30s'" in changed.msg
-    assert changed.hint.startswith(f"Run, as a superuser: ALTER ROLE \"{app_role()}\" SET "
-                                   "statement_timeout = '30s';")
+    assert changed.hint.startswith(f"Run, as a superuser: ALTER ROLE \"{app_role()}\" IN "
+                                   f"DATABASE \"{database_name()}\" SET statement_timeout = "
+                                   "'30s';")
 
 
 def test_any_other_setting_is_a_warning(restore_roles):

@@ -207,7 +207,8 @@ def test_settings_and_attributes_that_differ_are_put_back(project, settings):
     settings.TENANCY = {**settings.TENANCY,
                         "ROLE_SETTINGS": {"app": {"statement_timeout": "30s"}}}
     out, _ = project.run(print_only=True)
-    assert f'ALTER ROLE "{project.roles["app"]}" SET statement_timeout = \'30s\';' in out
+    assert (f'ALTER ROLE "{project.roles["app"]}" IN DATABASE "{project.name}" SET'
+            " statement_timeout = '30s';") in out
     project.run()
     roles = project.roles
     with psycopg.connect(host=settings.DATABASES["owner"]["HOST"],
@@ -215,7 +216,8 @@ def test_settings_and_attributes_that_differ_are_put_back(project, settings):
                          dbname=project.name, passfile=str(project.passfile),
                          autocommit=True) as web:
         assert web.execute("SHOW statement_timeout").fetchone()[0] == "30s"
-        web.execute("ALTER ROLE CURRENT_USER SET statement_timeout = 0")
+        web.execute(f'ALTER ROLE CURRENT_USER IN DATABASE "{project.name}"'
+                    " SET statement_timeout = 0")
         web.execute("ALTER ROLE CURRENT_USER SET search_path = pg_catalog")
         web.execute(f'ALTER ROLE CURRENT_USER IN DATABASE "{project.name}"'
                     " SET default_transaction_read_only = on")
@@ -225,8 +227,10 @@ def test_settings_and_attributes_that_differ_are_put_back(project, settings):
     out, _ = project.run()
     assert (f"role {roles['app']} (app) has statement_timeout = '0', where create_roles sets "
             "'30s': put back") in out, out
-    assert f"role {roles['app']} (app) has search_path = 'pg_catalog'" in out
-    assert f"in database {project.name}, which create_roles does not set" in out
+    assert (f"role {roles['app']} (app) has search_path = 'pg_catalog', which create_roles"
+            " does not set: put back") in out
+    assert (f"role {roles['app']} (app) has default_transaction_read_only = 'on', which"
+            " create_roles does not set: put back") in out
     assert f"role {roles['worker']} (worker) has CONNECTION LIMIT 2" in out
     with superuser("postgres") as conn:
         rows = conn.execute(
@@ -235,7 +239,7 @@ def test_settings_and_attributes_that_differ_are_put_back(project, settings):
             [list(roles.values())]).fetchall()
         limit, expiry = conn.execute("SELECT rolconnlimit, rolvaliduntil::text FROM pg_roles"
                                      " WHERE rolname = %s", [roles["worker"]]).fetchone()
-    assert rows == [(roles["app"], False, ["statement_timeout=30s"])]
+    assert rows == [(roles["app"], True, ["statement_timeout=30s"])]
     assert (limit, expiry) == (-1, "infinity")
     assert project.run()[0].strip().endswith("nothing to change")
 
