@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import signal
 import sys
@@ -181,21 +182,21 @@ def test_the_web_role_cannot_touch_the_queue_of_every_tenants_envelopes(tmp_path
     assert [r["status"] for r in results()] == ["READY"]
 
 
-def test_the_queue_is_routed_to_the_worker_alias_and_granted_the_worker_role_only(settings):
+def test_the_queue_is_routed_to_the_worker_alias_and_granted_the_worker_role_only():
     """Where django-tasks-db enqueues (the relay, a receiver's retry) and its worker claims:
-    the router's alias for the queue's model, the worker alias; the matrix gives the worker
-    role DML there and the app and system roles nothing."""
+    the router's alias for the queue's model. AppDatabaseRouter sends a model whose table the
+    matrix opens to the worker role and not the app role to the worker alias (the queue's, as
+    the offsets'); the matrix gives the worker role DML on the queue and the app and system
+    roles nothing. (The processes of the tests above enqueue and claim that way.)"""
     from django.db import router
 
-    settings.INSTALLED_APPS = [*settings.INSTALLED_APPS, "django_tasks_db"]
-    from django_tasks_db.models import DBTaskResult
-
-    from outbox.django_tasks import queue_alias
+    from outbox.models import ConsumerOffset
     from tenancy.aliases import worker_alias
-    from tenancy.privileges import role_names
+    from tenancy.privileges import role_names, worker_tables
 
-    assert router.db_for_write(DBTaskResult) == router.db_for_read(DBTaskResult) == (
-        worker_alias()) == queue_alias()
+    assert TABLE in worker_tables() and "consumer_offsets" in worker_tables()
+    assert router.db_for_write(ConsumerOffset) == router.db_for_read(ConsumerOffset) == (
+        worker_alias())
     names = role_names()
     with observer() as conn:
         held = {kind: conn.execute(
@@ -206,13 +207,21 @@ def test_the_queue_is_routed_to_the_worker_alias_and_granted_the_worker_role_onl
                     "system": None}
 
 
-def test_the_check_refuses_a_queue_on_the_web_roles_alias(settings):
-    settings.OUTBOX = {**settings.OUTBOX, "TRANSPORT": "outbox.django_tasks.DjangoTasksTransport",
-                       "TASKS_TASK": TASK_PATH}
-    settings.INSTALLED_APPS = [*settings.INSTALLED_APPS, "django_tasks_db"]
-    assert "outbox.E124" not in [m.id for m in checks.run_checks()]
-    settings.DATABASE_ROUTERS = []  # the queue goes to "default", the app alias
-    assert "outbox.E124" in [m.id for m in checks.run_checks()]
+def test_the_check_refuses_a_queue_on_the_web_roles_alias(tmp_path):
+    """outbox.E124: without AppDatabaseRouter, django-tasks-db's queue is the app alias's; the
+    relay would enqueue there as the web role, which has no privilege on it."""
+    import subprocess
+
+    from tests.outbox.support.helpers import ROOT
+
+    def check(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, text=True,
+                              capture_output=True, timeout=120, env={**os.environ, **env})
+
+    assert "outbox.E124" not in check(TASKS).stderr
+    refused = check({**TASKS, "DIO_TASKS_NO_ROUTER": "1"})
+    assert refused.returncode == 1 and "outbox.E124" in refused.stderr, refused.stderr[-2000:]
+    assert "AppDatabaseRouter" in refused.stderr
 
 
 # -- a worker killed mid-task ----------------------------------------------------------

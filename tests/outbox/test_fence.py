@@ -354,6 +354,19 @@ def test_an_insert_that_names_its_own_id_is_refused():
                              [A, last - 1])
 
 
+def test_a_messages_time_and_transaction_are_the_databases_whatever_the_insert_says():
+    """Issue 29, item 3: the web role gave a message any created_at (and xid); the trigger
+    writes the transaction's start and id instead."""
+    for alias in ("default", "worker"):
+        with connect(alias) as conn, conn.transaction():
+            set_tenant(conn, A)
+            written = conn.execute(
+                "INSERT INTO outbox_messages (tenant_id, message_id, topic, payload, created_at,"
+                " xid) VALUES (%s, gen_random_uuid(), 't', '{}', '2999-01-01', '1')"
+                " RETURNING created_at = now(), xid = pg_current_xact_id()", [A]).fetchone()
+            assert written == (True, True)
+
+
 def direct(alias: str = "default", **kwargs: Any) -> psycopg.Connection:
     """A session of the role of ``alias`` straight to PostgreSQL, even when the alias is
     pooled: what it leaves ends with it (a pooled one would stay for later tests)."""

@@ -43,6 +43,8 @@ def _acls() -> dict[str, str]:
     "UPDATE outbox_messages SET topic = 'x'",
     "DELETE FROM outbox_messages",
     "TRUNCATE outbox_received",
+    "SELECT secret FROM outbox_fence_key",
+    "SELECT outbox_fence_proof_v1(1, 2)",
 ])
 def test_the_web_role_cannot_touch_shared_delivery_state(statement):
     with connect() as conn, as_tenant(conn, A):
