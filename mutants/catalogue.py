@@ -360,6 +360,10 @@ CATALOGUE: list[Mutant] = [
         "         WHERE w.locktype = 'relation' AND w.relation = 'outbox_messages'::regclass",
         "        SELECT DISTINCT w.virtualtransaction, w.pid FROM locks AS w",
         (OUTBOX + "test_fence.py",),
+        equivalent="since 0010 a tenant's mark counts only beside its proof, made for one of "
+        "the transaction ids its holder holds: a lock kept after the transaction, in a session "
+        "with no transaction id or another one, never has it, write lock or not "
+        "(fence.proof-not-bound-to-its-transaction breaks the binding itself)",
     ),
     mutant(
         "fence.marks-block", "outbox.fence",
