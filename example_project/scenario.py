@@ -235,7 +235,7 @@ def run() -> dict[str, Any]:
         os.kill(int(pid), signal.SIGKILL)
     note(f"SIGKILL to the web workers {', '.join(workers)} while the gateway is charging.")
     thread.join(15)
-    # The proxy in front of gunicorn (nginx) answers 502 for the dead worker; a
+    # The proxy in front of gunicorn (HAProxy) answers 502 for the dead worker; a
     # client talking to gunicorn directly sees its connection die instead.
     lost = result.get("error") or getattr(result.get("response"), "status_code", None)
     expect(

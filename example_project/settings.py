@@ -116,8 +116,21 @@ TENANCY = {
     "TENANT_RESOLVER": "example_project.shop.tenancy.merchant_of",
     "SYSTEM_DATABASE": "system",
     "WORKER_DATABASE": "worker",
-    # migrate as the owner grants the shop's tables too (docs/roles.md).
+    # migrate as the owner grants the shop's tables too (docs/roles.md)...
     "GRANT_PROJECT_TABLES": True,
+    # ...and these, without row-level security: the web process reads them before it
+    # knows the merchant (users, tokens, sessions, memberships), or they hold no
+    # merchant's rows. Every other table without RLS stays closed to it (tenancy.W040).
+    "SHARED_TABLES": ["admin", "auth", "authtoken", "contenttypes", "sessions",
+                      "shop_merchant", "shop_membership"],
+    # The roles' timeouts in the shop's database, as scripts/demo sets them (create_roles
+    # would): check reports a role whose sessions start otherwise (tenancy.E041), health
+    # too where delivery rests on it.
+    "ROLE_SETTINGS": {
+        "app": {"statement_timeout": "5s", "idle_in_transaction_session_timeout": "15s"},
+        "worker": {"statement_timeout": "30s", "idle_in_transaction_session_timeout": "60s"},
+        "system": {"statement_timeout": "60s", "idle_in_transaction_session_timeout": "60s"},
+    },
 }
 
 IDEMPOTENCY = {

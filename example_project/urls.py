@@ -38,7 +38,7 @@ urlpatterns = [
     path("metrics", metrics_view),
     path("healthz/outbox", health_view),
     path("traces/", traces),
-    # The admin's CSS, served by Django (the demo's nginx only buffers requests).
+    # The admin's CSS, served by Django (the demo's proxy only checks and buffers requests).
     re_path(r"^static/(?P<path>.*)$", serve, {"insecure": True}),
     path("schema/", SchemaView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema")),

@@ -365,20 +365,26 @@ CATALOGUE: list[Mutant] = [
     mutant(
         "fence.session-locks-trusted", "outbox.fence",
         "a lock a session keeps after its transaction holds nothing back",
-        "outbox/sql/0008_tenant_fence.sql",
+        "outbox/sql/0010_database_marks.sql",
         "        SELECT DISTINCT w.virtualtransaction, w.pid FROM locks AS w\n"
         "         WHERE w.locktype = 'relation' AND w.relation = 'outbox_messages'::regclass",
         "        SELECT DISTINCT w.virtualtransaction, w.pid FROM locks AS w",
         (OUTBOX + "test_fence.py",),
+        equivalent="since 0010 a tenant's mark counts only beside its proof, made for one of "
+        "the transaction ids its holder holds: a lock kept after the transaction, in a session "
+        "with no transaction id or another one, never has it, write lock or not "
+        "(fence.proof-not-bound-to-its-transaction breaks the binding itself)",
     ),
     mutant(
         "fence.marks-block", "outbox.fence",
         "a key held exclusively by someone else blocks no publisher",
-        "outbox/sql/0008_tenant_fence.sql",
-        "    IF NOT pg_try_advisory_xact_lock_shared(NEW.tenant_id) THEN\n"
+        "outbox/sql/0010_database_marks.sql",
+        "    IF NOT (pg_try_advisory_xact_lock_shared(NEW.tenant_id)\n"
+        "            AND coalesce(pg_try_advisory_xact_lock_shared(proof[1], proof[2]), false)) THEN\n"
         "        LOCK TABLE outbox_publishing_any_tenant IN ROW EXCLUSIVE MODE;\n"
         "    END IF;",
-        "    PERFORM pg_advisory_xact_lock_shared(NEW.tenant_id);",
+        "    PERFORM pg_advisory_xact_lock_shared(NEW.tenant_id),\n"
+        "            pg_advisory_xact_lock_shared(proof[1], proof[2]);",
         (OUTBOX + "test_fence.py",),
     ),
     mutant(
@@ -392,7 +398,7 @@ CATALOGUE: list[Mutant] = [
     mutant(
         "fence.forged-setting-trusted", "outbox.fence",
         "a forged transaction-local setting cannot let a reader pass an open publisher",
-        "outbox/sql/0008_tenant_fence.sql",
+        "outbox/sql/0010_database_marks.sql",
         "    SELECT w.virtualtransaction, w.pid, t.tenant_id, coalesce(b.bound, 0)",
         "    SELECT w.virtualtransaction, w.pid, t.tenant_id, coalesce(b.bound, 281474976710655)",
         (OUTBOX + "test_fence.py",),
@@ -400,7 +406,7 @@ CATALOGUE: list[Mutant] = [
     mutant(
         "fence.explicit-id-allowed", "outbox.fence",
         "an insert that names its own id is refused",
-        "outbox/sql/0008_tenant_fence.sql",
+        "outbox/sql/0010_database_marks.sql",
         "    IF NEW.id IS NOT NULL THEN\n        RAISE EXCEPTION",
         "    IF NEW.id IS NOT NULL THEN\n        RETURN NEW;\n        RAISE EXCEPTION",
         (OUTBOX + "test_fence.py",),
@@ -408,11 +414,55 @@ CATALOGUE: list[Mutant] = [
     mutant(
         "fence.tenant-from-setting", "outbox.fence",
         "a message's mark names the row's own tenant, whatever the session's setting says",
-        "outbox/sql/0008_tenant_fence.sql",
-        "    IF NOT pg_try_advisory_xact_lock_shared(NEW.tenant_id) THEN",
-        "    IF NOT pg_try_advisory_xact_lock_shared(coalesce(nullif(current_setting("
-        "'app.tenant_id', true), '')::bigint, 0)) THEN",
+        "outbox/sql/0010_database_marks.sql",
+        "    proof := outbox_fence_proof_v1(NEW.xid::text::bigint & 4294967295, NEW.tenant_id);\n"
+        "    IF NOT (pg_try_advisory_xact_lock_shared(NEW.tenant_id)",
+        "    proof := outbox_fence_proof_v1(NEW.xid::text::bigint & 4294967295, coalesce(nullif("
+        "current_setting('app.tenant_id', true), '')::bigint, 0));\n"
+        "    IF NOT (pg_try_advisory_xact_lock_shared(coalesce(nullif(current_setting("
+        "'app.tenant_id', true), '')::bigint, 0))",
         (OUTBOX + "test_fence.py",),
+    ),
+    mutant(
+        "fence.proof-ignored", "outbox.fence",
+        "only a transaction that inserted a message of a tenant counts as its publisher: a "
+        "tenant's mark counts beside its proof only",
+        "outbox/sql/0010_database_marks.sql",
+        "           AND EXISTS (SELECT FROM proofs AS p\n",
+        "           AND TRUE OR EXISTS (SELECT FROM proofs AS p\n",
+        (OUTBOX + "test_fence.py",),
+    ),
+    mutant(
+        "fence.proof-for-any-tenant", "outbox.fence",
+        "a proof names one tenant: a message of the transaction's own tenant makes it no "
+        "publisher of another",
+        "outbox/sql/0010_database_marks.sql",
+        "                        WHERE p.virtualtransaction = t.virtualtransaction\n"
+        "                          AND p.first_key = m.proof[1]::bigint & 4294967295\n"
+        "                          AND p.second_key = m.proof[2]::bigint & 4294967295)",
+        "                        WHERE p.virtualtransaction = t.virtualtransaction)",
+        (OUTBOX + "test_fence.py",),
+    ),
+    mutant(
+        "fence.proof-not-bound-to-its-transaction", "outbox.fence",
+        "a proof is bound to the transaction that took it: copied into another, it proves "
+        "nothing",
+        "outbox/sql/0010_database_marks.sql",
+        "    proof := outbox_fence_proof_v1(NEW.xid::text::bigint & 4294967295, NEW.tenant_id);",
+        "    proof := outbox_fence_proof_v1(0, NEW.tenant_id);",
+        (OUTBOX + "test_fence.py",),
+        more=(Edit("outbox/sql/0010_database_marks.sql",
+                   "         CROSS JOIN LATERAL outbox_fence_proof_v1(x.transactionid::text::bigint,",
+                   "         CROSS JOIN LATERAL outbox_fence_proof_v1(0 + 0 * x.transactionid::text::bigint,"),),
+    ),
+    mutant(
+        "fence.writer-dates-its-message", "outbox.fence",
+        "a message's time is the database's, whatever the INSERT said: health is not fooled by "
+        "a message dated in the future",
+        "outbox/sql/0010_database_marks.sql",
+        "    NEW.created_at := now();\n",
+        "",
+        (OUTBOX + "test_health.py",),
     ),
     mutant(
         "retention.held-tenant-deleted", "outbox.retention",
@@ -1942,5 +1992,139 @@ CATALOGUE: list[Mutant] = [
         "    \"django.middleware.clickjacking.XFrameOptionsMiddleware\",\n",
         "",
         ("tests/example/test_demo.py::test_the_admins_view_site_is_a_page_and_no_page_may_be_framed",),
+    ),
+    # --- issue 29: what the web role's SQL can no longer do -------------------------------------
+    mutant(
+        "health.prepared-stall-unreported", "outbox.health",
+        "a prepared transaction that holds delivery back is a stall health reports",
+        "outbox/health.py",
+        "                    if p.pid is None and p.age is not None",
+        "                    if False and p.age is not None",
+        (OUTBOX + "test_health.py",),
+    ),
+    mutant(
+        "health.role-drift-unreported", "outbox.health",
+        "a role setting delivery rests on, changed from what create_roles made, makes health "
+        "unhealthy",
+        "outbox/health.py",
+        "        for d in role_drift(system_alias(using)) if d.delivery",
+        "        for d in role_drift(system_alias(using)) if False",
+        (OUTBOX + "test_health.py",),
+    ),
+    mutant(
+        "checks.prepared-transactions-unwarned", "outbox.checks",
+        "check --deploy warns when the web role may PREPARE TRANSACTION (outbox.W003)",
+        "outbox/checks.py",
+        "        if allowed > 0:",
+        "        if allowed > 1000:",
+        (OUTBOX + "test_checks.py",),
+    ),
+    mutant(
+        "privileges.unshared-table-opened", "tenancy.privileges",
+        "GRANT_PROJECT_TABLES opens a table without RLS only when SHARED_TABLES names it",
+        "tenancy/privileges.py",
+        "        elif is_shared(model):\n            kinds = {APP: DML}",
+        "        else:\n            kinds = {APP: DML}",
+        (TENANCY + "test_privileges.py",),
+    ),
+    mutant(
+        "privileges.queue-opened-to-the-web-role", "tenancy.privileges",
+        "django-tasks-db's queue (every tenant's envelopes) is the worker role's alone",
+        "outbox/models.py",
+        '    "django_tasks_database_dbtaskresult": {WORKER: DML},',
+        '    "django_tasks_database_dbtaskresult": {APP: DML, WORKER: DML},',
+        (O_TASKS,),
+    ),
+    mutant(
+        "routers.queue-on-the-app-alias", "tenancy.routers",
+        "the relay enqueues, and the tasks' worker claims, on the worker alias",
+        "tenancy/routers.py",
+        "        if model._meta.db_table in worker_tables():\n            return worker_alias()\n",
+        "",
+        (O_TASKS,),
+    ),
+    mutant(
+        "tasks.queue-on-the-app-alias-unreported", "outbox.django_tasks",
+        "check reports django-tasks-db's queue routed to the app alias (outbox.E124)",
+        "outbox/django_tasks.py",
+        "    if alias != app_alias():\n        return []",
+        "    return []",
+        (O_TASKS + "::test_the_check_refuses_a_queue_on_the_web_roles_alias",),
+    ),
+    mutant(
+        "provision.saslprep-mapped-to-nothing-first", "tenancy.provision",
+        "create_roles agrees with PostgreSQL on every password it writes (SASLprep maps a "
+        "non-ASCII space before it maps anything to nothing)",
+        "tenancy/provision.py",
+        '        " " if stringprep.in_table_c12(c) else "" if stringprep.in_table_b1(c) else c',
+        '        "" if stringprep.in_table_b1(c) else " " if stringprep.in_table_c12(c) else c',
+        (TENANCY + "test_setup_roles.py",),
+    ),
+    mutant(
+        "provision.keywords-unquoted", "tenancy.provision",
+        "create_roles (and --print) quotes every identifier: a role called user is valid SQL",
+        "tenancy/privileges.py",
+        "    return '\"' + name.replace('\"', '\"\"') + '\"'",
+        "    return name if name.isidentifier() and name.islower() else ("
+        "'\"' + name.replace('\"', '\"\"') + '\"')",
+        (TENANCY + "test_setup_roles.py",),
+    ),
+    mutant(
+        "provision.names-cut", "tenancy.provision",
+        "create_roles refuses a name PostgreSQL would cut (over 63 bytes)",
+        "tenancy/provision.py",
+        "    if size > MAX_NAME_BYTES:",
+        "    if size > 2 * MAX_NAME_BYTES:",
+        (TENANCY + "test_setup_roles.py",),
+    ),
+    mutant(
+        "layout.credentials-in-the-query", "tenancy.layout",
+        "databases() refuses credentials and connection targets in the URL's query string",
+        "tenancy/layout.py",
+        "    named = sorted(key for key in options if key.lower() in NOT_OPTIONS)",
+        "    named: list[str] = []",
+        (TENANCY + "test_setup_databases.py",),
+    ),
+    mutant(
+        "provision.undeclared-settings-ignored", "tenancy.provision",
+        "check reports a role setting create_roles did not make (ALTER ROLE CURRENT_USER SET)",
+        "tenancy/provision.py",
+        "        if effective.get(name) != wanted_settings.get(name):",
+        "        if name in wanted_settings and effective.get(name) != wanted_settings.get(name):",
+        (TENANCY + "test_roles.py", OUTBOX + "test_health.py"),
+    ),
+    mutant(
+        "provision.attributes-unchecked", "tenancy.provision",
+        "check reports attributes that differ from what create_roles makes",
+        "tenancy/provision.py",
+        "        if shape.attributes.get(column) != wanted:",
+        "        if False:",
+        (TENANCY + "test_roles.py",),
+    ),
+    mutant(
+        "provision.drift-left", "tenancy.provision",
+        "create_roles puts back the settings and attributes that differ",
+        "tenancy/provision.py",
+        '        rest = [] if shape is None or kind == "owner" else [',
+        '        rest = [] if True else [',
+        (TENANCY + "test_setup_roles.py",),
+    ),
+    mutant(
+        "demo.proxy-passes-control-characters", "scripts.services",
+        "the demo's proxy refuses a header with a control character or a bare LF",
+        "scripts/services",
+        "    use_backend to_refuse if header_section_whole !header_section_clean\n",
+        "",
+        ("tests/example/test_demo.py::test_a_header_value_with_a_control_character_never"
+         "_reaches_the_library",),
+    ),
+    mutant(
+        "demo.proxy-streams-bodies", "scripts.services",
+        "the demo's proxy answers 408 to a body that stalls",
+        "scripts/services",
+        "    option http-buffer-request\n",
+        "",
+        ("tests/example/test_demo.py::test_slow_request_bodies_wait_in_the_proxy_and_a_stalled"
+         "_one_is_answered_408",),
     ),
 ]

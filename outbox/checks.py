@@ -19,6 +19,9 @@ Its families, registered together by :func:`register`:
   ``pg_read_all_stats``, or PostgreSQL hides how long a publishing
   transaction has been open, and its query, from ``outbox_status``, the
   health check and the blocker-age metric.
+- **Two-phase commit** (``outbox.W003``, a deployment check: ``check --deploy
+  --database <alias>``): a server that allows prepared transactions lets the
+  web role leave one that holds delivery back until someone ends it.
 - **The relay's broker** (``outbox.E110``–``E112``). When the relay sends
   through the Celery transport to RabbitMQ, publisher confirms, durable
   queues and persistent messages are what make the broker's acknowledgement
@@ -68,6 +71,7 @@ def register() -> None:
     checks.register(check_settings)
     checks.register(check_fence, checks.Tags.database)
     checks.register(check_stats_privilege, checks.Tags.database)
+    checks.register(check_prepared_transactions, checks.Tags.database, deploy=True)
     checks.register(check_receivers)
     checks.register(check_relay_broker)
     checks.register(check_tasks_transport)
@@ -160,6 +164,45 @@ def check_stats_privilege(
                 id="outbox.I130",
             ))
     return warnings
+def check_prepared_transactions(
+    app_configs: Any = None, databases: Sequence[str] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """``outbox.W003`` (``check --deploy --database <alias>``): the server lets any role,
+    the web role included, ``PREPARE TRANSACTION``.
+
+    PostgreSQL has no privilege for two-phase commit: with
+    ``max_prepared_transactions`` above 0 every role may prepare. A prepared
+    transaction that published outlives its session and holds its tenants'
+    delivery (every tenant's, when it was marked as publishing for any tenant)
+    until someone runs ``COMMIT PREPARED`` or ``ROLLBACK PREPARED``. Health
+    reports it once it is older than ``HEALTH_MAX_LAG``; unless the
+    application uses two-phase commit, keep it from happening at all.
+    """
+    from outbox.store import SQL
+    from tenancy.statements import fetch_one
+
+    for alias in databases or ():
+        if alias not in settings.DATABASES:
+            continue
+        if "postgresql" not in settings.DATABASES[alias].get("ENGINE", ""):
+            continue  # tenancy.E005 reports it
+        try:
+            allowed = int(fetch_one(alias, SQL["prepared_transactions_allowed"])[0])
+        except DatabaseError:
+            continue  # tenancy.E010 reports a database it cannot inspect
+        if allowed > 0:
+            return [checks.Warning(
+                f"Database {alias!r}: max_prepared_transactions is {allowed}, so any role, the "
+                "web role included, may PREPARE TRANSACTION: a prepared transaction that "
+                "published holds its tenants' delivery (every tenant's, if it was marked so) "
+                "until someone runs COMMIT PREPARED or ROLLBACK PREPARED.",
+                hint="Unless the application uses two-phase commit, set "
+                "max_prepared_transactions = 0 in postgresql.conf (a restart); health reports a "
+                "prepared transaction that holds delivery back (docs/operations.md).",
+                id="outbox.W003",
+            )]
+        return []
+    return []
 
 
 # -- the receivers ------------------------------------------------------------

@@ -52,6 +52,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
+from django.apps import apps
 from django.core import checks
 from django.db import router, transaction
 from django.utils import timezone
@@ -179,26 +180,30 @@ class DjangoTasksTransport(Transport):
 
     @staticmethod
     def _one_database(tasks: Iterable[Any]) -> str | None:
-        """The database alias of django-tasks-db when every task uses it, else None."""
+        """The database alias of django-tasks-db when every task uses it, else None.
+
+        The alias of its queue: ``tenancy.routers.AppDatabaseRouter`` sends it to
+        the worker alias, the relay's own (the queue holds every tenant's
+        envelopes and has no row-level security: the web role has no privilege
+        on it, ``outbox.E124``).
+        """
         backend_class = _database_backend()
         if backend_class is None:
             return None
         if not all(isinstance(t.get_backend(), backend_class) for t in tasks):
             return None
-        from django_tasks_db.models import DBTaskResult
-
-        return router.db_for_write(DBTaskResult)
+        return queue_alias()
 
     def check(self) -> list[checks.CheckMessage]:
         """``outbox.E120``: no task, or a backend that keeps nothing; ``W121``: one we
         cannot vouch for."""
         paths = configured_task_paths()
+        problems = _check_queue_alias()
         if not paths:
-            return [checks.Error(
+            return [*problems, checks.Error(
                 "OUTBOX[\"TRANSPORT\"] is the Django tasks transport but no task is set.",
                 hint='Set OUTBOX["TASKS_TASK"] (a task, or a dict topic -> task).',
                 id="outbox.E120")]
-        problems: list[checks.CheckMessage] = []
         durable, dummy = _database_backend(), _dummy_backend()
         for path in paths:
             backend = load_task(path).get_backend()
@@ -218,6 +223,33 @@ class DjangoTasksTransport(Transport):
                     "advances (docs/django-tasks.md).",
                     id="outbox.W121"))
         return problems
+
+
+def queue_alias() -> str:
+    """The alias of django-tasks-db's queue, where the relay enqueues and its worker claims:
+    the router's, as django-tasks-db asks it."""
+    from django_tasks_db.models import DBTaskResult
+
+    return router.db_for_write(DBTaskResult)
+
+
+def _check_queue_alias() -> list[checks.CheckMessage]:
+    """``outbox.E124``: django-tasks-db's queue is routed to the web process's alias."""
+    from tenancy.aliases import app_alias
+
+    if _database_backend() is None or "django_tasks_db" not in {
+            c.name for c in apps.get_app_configs()}:
+        return []
+    alias = queue_alias()
+    if alias != app_alias():
+        return []
+    return [checks.Error(
+        f"django-tasks-db's queue is routed to {alias!r}, the web process's alias: the relay "
+        "would enqueue every tenant's envelopes there as the web role, which has no "
+        "privilege on the queue (it has no row-level security).",
+        hint='Add "tenancy.routers.AppDatabaseRouter" to DATABASE_ROUTERS: it sends the queue '
+        'to TENANCY["WORKER_DATABASE"] (docs/django-tasks.md).',
+        id="outbox.E124")]
 
 
 # -- receivers -----------------------------------------------------------------------
@@ -253,7 +285,8 @@ def receiver_task(
 
     def decorate(func: Callable[[Message], Any]) -> Any:
         def run(context: Any, envelope: Any, attempt: int = 1) -> dict[str, Any]:
-            return _run(context, envelope, attempt, func, name, using)
+            with _holding(context.task_result.task.get_backend(), using):
+                return _run(context, envelope, attempt, func, name, using)
 
         # Django imports a task by its function's module and qualified name: the
         # task must be found where the decorated function is.
@@ -292,8 +325,30 @@ def _run(context: Any, envelope: Any, attempt: int, func: Callable[[Message], An
     return {"outcome": "handled" if handled else "duplicate"}
 
 
+def _holding(backend: Any, using: str | None) -> Any:
+    """A transaction on the queue's alias around the receiver's, when they are two aliases.
+
+    The queue is the worker role's (on the worker alias), the receiver runs as
+    the web role (on the app alias): the lock :func:`_hold` takes on the task's
+    row then lives in this transaction, which ends just after the receiver's
+    (or with it, when its worker is killed), and a retry it enqueues commits
+    with it.
+    """
+    from contextlib import nullcontext
+
+    from tenancy.aliases import app_alias
+
+    backend_class = _database_backend()
+    if backend_class is None or not isinstance(backend, backend_class):
+        return nullcontext()
+    database = queue_alias()
+    if database == app_alias(using):
+        return nullcontext()
+    return transaction.atomic(using=database)
+
+
 def _hold(result_id: str, backend: Any) -> None:
-    """Lock this task's row of django-tasks-db in the receiver's transaction.
+    """Lock this task's row of django-tasks-db while the receiver's transaction runs.
 
     While the receiver runs, its row is locked; once the receiver's
     transaction ends (committed, rolled back, or its worker killed) it is not.
@@ -305,7 +360,7 @@ def _hold(result_id: str, backend: Any) -> None:
         return
     from django_tasks_db.models import DBTaskResult
 
-    database = router.db_for_write(DBTaskResult)
+    database = queue_alias()
     if not transaction.get_connection(database).in_atomic_block:
         return  # the tasks live in another database than the receiver's transaction
     list(DBTaskResult.objects.using(database).select_for_update()
@@ -384,7 +439,7 @@ def requeue_stalled(*, stalled_after: float | None = None) -> int:
 
     after = STALLED_AFTER if stalled_after is None else stalled_after
     paths = configured_task_paths()
-    database = router.db_for_write(DBTaskResult)
+    database = queue_alias()
     before = ExpressionWrapper(Now() - Value(timedelta(seconds=after)),
                                output_field=DateTimeField())
     rows = DBTaskResult.objects.using(database)

@@ -4,7 +4,14 @@ Unhealthy when a reader (a consumer partition or a relay) has a committed
 message older than ``OUTBOX["HEALTH_MAX_LAG"]`` that it has not passed —
 whatever holds it back: the reader is slow or stopped, its head message keeps
 failing, or an open transaction that published for the message's tenant holds
-that tenant back (each problem says which) — or when the relay
+that tenant back (each problem says which) — when a prepared (two-phase)
+transaction that published has held delivery back for longer than
+``HEALTH_MAX_LAG`` (nothing but ``COMMIT PREPARED`` or ``ROLLBACK PREPARED``
+ends it, whether or not a message waits for it yet), when a role's settings
+differ from what ``create_roles`` made (``TENANCY["ROLE_SETTINGS"]``) on a
+parameter delivery rests on (``synchronous_commit``, the timeouts that bound
+how long a publisher holds its tenants, read-only or isolation defaults:
+``tenancy.provision.GUARANTEED``), or when the relay
 (unless ``OUTBOX["TRANSPORT"]`` is None) holds no lease, or one that ran out
 more than :data:`MAX_LEASE_AGE` ago (``outbox_health --max-lease-age``): a
 running relay renews its lease every quarter of ``RELAY_LEASE`` even when
@@ -23,7 +30,9 @@ from outbox.conf import outbox_settings
 from outbox.consumers import configured_consumers
 from outbox.observation import Observation, observe
 from outbox.relay import relay_readers
-from outbox.store import ReaderState
+from outbox.store import Publisher, ReaderState
+from tenancy.aliases import system_alias
+from tenancy.provision import role_drift
 
 #: Seconds a relay's lease may have run out before the relay counts as not
 #: running (``outbox_health --max-lease-age``): a running relay renews it every
@@ -95,7 +104,25 @@ def check(
                     f"{r.where}: its lease ran out {-r.lease_left:.0f} s ago (limit "
                     f"{lease_limit:g} s): its relay stopped renewing it ({r.lease_owner})"
                 )
+    problems.extend(_stalled(p, lag_limit) for p in seen.publishers
+                    if p.pid is None and p.age is not None
+                    and p.age.total_seconds() > lag_limit)
+    problems.extend(
+        f"the {d.said} (TENANCY[\"ROLE_SETTINGS\"]): {d.breaks}; {d.fix}"
+        for d in role_drift(system_alias(using)) if d.delivery
+    )
     return Health(problems, rows)
+
+
+def _stalled(prepared: Publisher, limit: float) -> str:
+    """A prepared transaction that published: it holds its tenants until someone ends it."""
+    held = ("every tenant" if prepared.any_tenant
+            else "tenant(s) " + ", ".join(str(t) for t in prepared.tenants))
+    age = prepared.age.total_seconds() if prepared.age is not None else 0.0
+    return (f"a prepared transaction {prepared.query!r} (role {prepared.user}) published and "
+            f"has held back {held} for {age:.0f} s (limit {limit:g} s): nothing ends it but "
+            f"COMMIT PREPARED or ROLLBACK PREPARED {prepared.query!r}, run by a superuser or "
+            "its role; outbox_status shows it")
 
 
 def _why(reader: ReaderState, seen: Observation) -> str:

@@ -32,6 +32,13 @@ from tenancy.privileges import APP, DML, SYSTEM, WORKER, TablePrivileges
 #:   failures and dead letters; deletes what retention deletes; writes the
 #:   re-drive and discard jobs people ask for (the jobs act on dead letters
 #:   as each message's tenant, on the app role).
+#:
+#: The fence's key (the proofs that a transaction published, docs/guarantees.md)
+#: is no role's but the owner's. django-tasks-db's queue is the worker role's
+#: alone: the relay enqueues every tenant's envelopes into it (no tenant column,
+#: no row-level security) and its worker claims them, both on the worker alias
+#: (docs/django-tasks.md). A table that does not exist (no django-tasks-db) is
+#: left out.
 TABLE_PRIVILEGES: TablePrivileges = {
     "outbox_messages": {
         APP: ("SELECT", "INSERT"),
@@ -43,6 +50,8 @@ TABLE_PRIVILEGES: TablePrivileges = {
     "outbox_dead_letters": {APP: DML, WORKER: ("SELECT", "INSERT"), SYSTEM: ("SELECT",)},
     "outbox_received": {APP: ("SELECT", "INSERT"), SYSTEM: ("SELECT", "DELETE")},
     "outbox_parked_jobs": {SYSTEM: ("SELECT", "INSERT", "UPDATE")},
+    "outbox_fence_key": {},
+    "django_tasks_database_dbtaskresult": {WORKER: DML},
 }
 
 

@@ -370,3 +370,7 @@ SELECT current_user::text, r.rolsuper,
   FROM pg_roles AS r
   LEFT JOIN pg_roles AS h ON h.rolname = %(holder)s
  WHERE r.rolname = current_user
+
+-- name: prepared_transactions_allowed
+-- A server setting, read as PostgreSQL reports it (no model covers it).
+SELECT current_setting('max_prepared_transactions')::integer

@@ -257,10 +257,11 @@ def read_batch(
 
     This is the read that makes positions gap-safe. Every transaction that
     writes a message marks itself, before the message's id is taken, with
-    transaction-level locks that name the message's tenant and a bound below
-    every id the transaction takes (the trigger ``outbox_mark_publisher_v2()``),
-    and holds them until it ends. The read (``outbox_read_v2()``) then takes,
-    in this order::
+    transaction-level locks that name the message's tenant (with its proof: a
+    key only the trigger can compute, for this transaction and tenant) and a
+    bound below every id the transaction takes (the trigger
+    ``outbox_mark_publisher_v2()``), and holds them until it ends. The read
+    (``outbox_read_v2()``) then takes, in this order::
 
         A := the last id handed out             -- read first
         W := the publishers in flight           -- pg_locks: tenant -> lowest bound b
@@ -284,8 +285,10 @@ def read_batch(
     messages of its own tenants with larger ids until it ends
     (``outbox_status`` names it); other tenants' messages, and other
     transactions, however long, are not held back. A transaction's marks
-    count only while it holds the outbox's write lock: a lock a session keeps
-    after its transaction holds nothing back.
+    count only while it holds the outbox's write lock (a lock a session keeps
+    after its transaction holds nothing back), and a tenant's mark only beside
+    its proof: only a transaction that inserted a message of a tenant holds
+    that tenant back, whatever locks another takes.
 
     Run on the system alias (it sees every tenant), under READ COMMITTED
     (``outbox_read_v2()`` refuses anything else: it needs a new snapshot for

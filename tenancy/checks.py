@@ -36,7 +36,9 @@ def register() -> None:
     checks.register(_unless_unreadable(check_privileges), checks.Tags.database)
     checks.register(_unless_unreadable(check_project_privileges), checks.Tags.database)
     checks.register(check_policy_declarations)
+    checks.register(check_closed_tables)
     checks.register(_unless_unreadable(check_temporary), checks.Tags.database)
+    checks.register(_unless_unreadable(check_role_drift), checks.Tags.database)
 
 
 def _unless_unreadable(check: Any) -> Any:
@@ -150,7 +152,7 @@ def _check_statement_layer(alias: str) -> list[checks.CheckMessage]:
             "message with the next, which a cursor that binds on the server cannot.",
             hint="Leave server_side_binding out (Django's default): the library's hot statements "
                  "are planned once per server session by its functions (docs/scaling.md).",
-            id="tenancy.E040",
+            id="tenancy.E045",
         ))
     if config.get("ENGINE") != "tenancy.backends.postgresql":
         found.append(checks.Warning(
@@ -159,7 +161,7 @@ def _check_statement_layer(alias: str) -> list[checks.CheckMessage]:
             "round trip of their own (a new idempotency key four more).",
             hint='Use "tenancy.backends.postgresql", as tenancy.databases() writes it '
                  "(docs/installation.md).",
-            id="tenancy.W041",
+            id="tenancy.W046",
         ))
     return found
 
@@ -368,6 +370,37 @@ def check_project_privileges(
         hint='Set TENANCY["GRANT_PROJECT_TABLES"] = True and run migrate as the owner, or '
         "grant them yourself (docs/roles.md).",
         id="tenancy.W028",
+    )]
+
+
+def check_closed_tables(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Which tables of yours does ``GRANT_PROJECT_TABLES`` leave closed, for want of RLS?
+
+    Opened to the app role, a table without row-level security would hand every
+    tenant's rows to a query that forgets its tenant, and to SQL injected into
+    any tenant's request, in both modes. ``migrate`` opens it only when
+    ``TENANCY["SHARED_TABLES"]`` names it (``tenancy.W040`` until then).
+    """
+    from tenancy.privileges import closed_tables
+
+    try:
+        if not tenancy_settings.GRANT_PROJECT_TABLES:
+            return []
+        closed = closed_tables()
+    except ConfigurationError:
+        return []  # tenancy.E001 or E007
+    if not closed:
+        return []
+    shown = ", ".join(closed[:8]) + (f" and {len(closed) - 8} more" if len(closed) > 8 else "")
+    return [checks.Warning(
+        f"GRANT_PROJECT_TABLES leaves {len(closed)} table(s) of your apps closed to the app "
+        f"role ({shown}): they have no row-level security, so the web role would read and "
+        "write every tenant's rows in them.",
+        hint='Make a model that holds a tenant\'s rows tenant_isolated = True (docs/roles.md); '
+        'list a table that holds none, or that the web process reads before it knows the '
+        'tenant (users, tokens, sessions), in TENANCY["SHARED_TABLES"] (an app label or a '
+        "table name).",
+        id="tenancy.W040",
     )]
 
 
@@ -602,3 +635,40 @@ def _check_system_alias(alias: str, tables: list[str]) -> Iterable[checks.CheckM
                 id="tenancy.E016",
             )
         yield from _check_table_rls(fact)
+
+
+def check_role_drift(
+    app_configs: Any = None, databases: Sequence[str] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Do the app, worker and system roles still look as ``create_roles`` made them?
+
+    Their attributes, no connection limit or expiry, and exactly the role-level
+    settings of ``TENANCY["ROLE_SETTINGS"]`` (none for one database alone). The
+    web role may change its own settings for every later session (``ALTER
+    ROLE CURRENT_USER SET ...``): a difference on a parameter a guarantee rests
+    on is an error (``tenancy.E041``), another a warning (``W042``); an
+    attribute that breaks isolation is an error (``E043``), another a warning
+    (``W044``). Asked on the first alias named (the catalogs are readable by
+    every role).
+    """
+    from tenancy.provision import role_drift
+
+    aliases = [a for a in databases or () if a in settings.DATABASES and _is_postgresql(a)]
+    if not aliases:
+        return []
+    try:
+        found = role_drift(aliases[0])
+    except DatabaseError:
+        return []  # check_database_roles reports an alias it cannot inspect (tenancy.E010)
+    messages: list[checks.CheckMessage] = []
+    for d in found:
+        hint = f"Run, as a superuser: {d.fix} (or manage.py create_roles, which puts it back)."
+        if d.attribute:
+            level, id_ = (checks.Error, "tenancy.E043") if d.breaks else (checks.Warning,
+                                                                           "tenancy.W044")
+        else:
+            level, id_ = (checks.Error, "tenancy.E041") if d.breaks else (checks.Warning,
+                                                                           "tenancy.W042")
+        why = f": {d.breaks}" if d.breaks else ""
+        messages.append(level(f"The {d.said}{why}.", hint=hint, id=id_))
+    return messages

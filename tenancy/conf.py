@@ -17,6 +17,7 @@ from django_idempotency_outbox.conf import (
     secret,
     text,
     text_mapping,
+    texts,
 )
 
 _KEY_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -63,6 +64,30 @@ def role_names(value: Any, label: str) -> dict[str, str]:
     return names
 
 
+_PARAMETER = re.compile(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)?")
+
+
+def role_settings(value: Any, label: str) -> dict[str, dict[str, str]]:
+    """``{kind: {parameter: value}}``: the role-level settings of some of app, worker, system."""
+    if not isinstance(value, dict):
+        raise TypeError(f"{label} must be a dict {{kind: {{parameter: value}}}}, not {value!r}")
+    unknown = sorted(set(value) - {"app", "worker", "system"})
+    if unknown:
+        raise ValueError(f"{label}: unknown role kind(s) {unknown}; expected app, worker, system")
+    result: dict[str, dict[str, str]] = {}
+    for kind, parameters in value.items():
+        if not isinstance(parameters, dict):
+            raise TypeError(f"{label}[{kind!r}] must be a dict {{parameter: value}}")
+        for name, setting in parameters.items():
+            if not (isinstance(name, str) and _PARAMETER.fullmatch(name)):
+                raise ValueError(f"{label}[{kind!r}]: {name!r} is not a parameter's name")
+            if not isinstance(setting, str):
+                raise TypeError(f"{label}[{kind!r}][{name!r}] must be a string (as PostgreSQL "
+                                f"stores it, e.g. \"30s\"), not {setting!r}")
+        result[kind] = dict(parameters)
+    return result
+
+
 class TenancySettings(AppSettings):
     namespace = "TENANCY"
 
@@ -94,6 +119,20 @@ class TenancySettings(AppSettings):
     #: apps' tables: DML to the app role on every table of theirs, and to the
     #: worker role on the ``tenant_isolated`` ones (consumers' handlers write them).
     GRANT_PROJECT_TABLES = Setting(False, boolean)
+    #: The tables of your apps (and Django's) that ``GRANT_PROJECT_TABLES``
+    #: opens to the app role although they have no row-level security: app
+    #: labels (``"auth"``: every table of the app) or table names. List only
+    #: tables that hold no tenant's rows, or that the web process must read
+    #: before it knows the tenant (users, tokens, sessions, memberships):
+    #: the web role reads and writes every row of them, in every mode. Any
+    #: other table without row-level security is not opened (``tenancy.W040``).
+    SHARED_TABLES: Setting[tuple[str, ...]] = Setting((), texts)
+    #: The role-level settings of the app, worker and system roles, by kind:
+    #: ``{"app": {"statement_timeout": "30s"}}``. ``create_roles`` sets exactly
+    #: these (and resets any other), and ``check`` reports a role whose
+    #: settings differ (``tenancy.E041``, ``W042``): the web role may change its
+    #: own with ``ALTER ROLE CURRENT_USER SET``, for every later session.
+    ROLE_SETTINGS: Setting[dict[str, dict[str, str]]] = Setting({}, role_settings)
     #: The status of the problem answer to a request on a tenant-scoped view
     #: (or an idempotent one) whose resolver names no tenant.
     STATUS_NO_TENANT = Setting(403, http_status)

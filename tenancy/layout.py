@@ -36,7 +36,20 @@ ROLE_ENGINE = "tenancy.backends.postgresql"
 OWNER_ENGINE = "django.db.backends.postgresql"
 
 _SCHEMES = {"postgres", "postgresql", "pgsql"}
+
+#: Query parameters a URL may not carry: libpq's and Django's ways to name a
+#: user, a password (or where one is read), a role to switch to, a server or a
+#: database, or settings for every session (``options=-c role=...``): each
+#: would override, for every alias at once, what the address and ``roles`` say.
+NOT_OPTIONS = frozenset({
+    "user", "password", "passfile", "dbname", "host", "hostaddr", "port", "service",
+    "servicefile", "options", "assume_role", "role", "sslpassword",
+})
 _NAME = re.compile(r"[^\s:/?#]+")
+
+
+#: The longest name PostgreSQL keeps, in bytes (NAMEDATALEN - 1).
+MAX_NAME_BYTES = 63
 
 
 class DatabaseURLError(ConfigurationError):
@@ -89,8 +102,10 @@ def databases(
 
     Raises:
         DatabaseURLError: the URL is not a PostgreSQL URL, names a user or a
-            password, or has no database name; a role or alias is unknown or
-            repeated.
+            password (in its address, or as options: ``?password=``, ``?user=``,
+            ``?host=``, ``?dbname=``, ``?assume_role=``... :data:`NOT_OPTIONS`),
+            or has no database name; a role or alias is unknown or repeated; a
+            name is over 63 bytes (PostgreSQL would cut it).
     """
     server = _server(url)
     names = _roles(server["NAME"], roles or {})
@@ -157,9 +172,21 @@ def _server(url: str | Mapping[str, Any]) -> dict[str, Any]:
         host = unquote(address.group(1)).removeprefix("[").removesuffix("]")
         port = address.group(2) or ""
         name = unquote(parts.path.lstrip("/"))
-        options = dict(parse_qsl(parts.query))
+        options = dict(parse_qsl(parts.query, keep_blank_values=True))
     else:
         raise DatabaseURLError(f"expected a URL or a dict, not a {type(url).__name__}")
+    named = sorted(key for key in options if key.lower() in NOT_OPTIONS)
+    if named:
+        raise DatabaseURLError(
+            f"the URL's options name {', '.join(named)}: who logs in, with which password, "
+            "and to which server and database are not options. The URL names the server and "
+            "the database in its address only; each alias logs in as its own role "
+            "(roles=...; passwords from passfile=... or each alias's PASSWORD)"
+        )
+    if len(name.encode("utf-8")) > MAX_NAME_BYTES:
+        raise DatabaseURLError(
+            f"the database name {name!r} is over {MAX_NAME_BYTES} bytes: PostgreSQL would cut it"
+        )
     if not _NAME.fullmatch(name):
         raise DatabaseURLError(
             "the URL names no database: postgres://HOST:PORT/NAME"
@@ -182,6 +209,11 @@ def _roles(database: str, given: Mapping[str, str]) -> dict[str, str]:
     for kind, name in names.items():
         if not isinstance(name, str) or not name.strip():
             raise DatabaseURLError(f"the {kind} role's name must be a non-empty string")
+        if len(name.encode("utf-8")) > MAX_NAME_BYTES:
+            raise DatabaseURLError(
+                f"the {kind} role's name {name!r} is over {MAX_NAME_BYTES} bytes: PostgreSQL "
+                "would cut it (name it with roles=...)"
+            )
     if len(set(names.values())) != len(names):
         raise DatabaseURLError(f"each kind needs a role of its own: {names}")
     return names

@@ -21,10 +21,10 @@ kind's alias (``APP_DATABASE``, ``WORKER_DATABASE``, ``SYSTEM_DATABASE``).
 
 from __future__ import annotations
 
-import re
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 from django.conf import settings
@@ -132,32 +132,81 @@ def library_tables(
     return rows
 
 
+def _project_models() -> list[Any]:
+    """Your apps' managed, concrete models (Django's included), whose tables no matrix row
+    governs (django-tasks-db's queue is the outbox's)."""
+    governed = governed_apps()
+    tables = set(library_tables())
+    return [
+        model for model in apps.get_models(include_auto_created=True)
+        if model._meta.app_label not in governed and model._meta.managed
+        and not model._meta.proxy and model._meta.db_table not in tables
+    ]
+
+
+def is_shared(model: Any) -> bool:
+    """Whether ``TENANCY["SHARED_TABLES"]`` names ``model``'s app or table."""
+    shared = set(tenancy_settings.SHARED_TABLES)
+    return model._meta.app_label in shared or model._meta.db_table in shared
+
+
+def closed_tables() -> list[str]:
+    """The tables of your apps that ``GRANT_PROJECT_TABLES`` leaves closed to the app role:
+    neither tenant-isolated (row-level security) nor listed in ``SHARED_TABLES``."""
+    return sorted({
+        model._meta.db_table for model in _project_models()
+        if not getattr(model, "tenant_isolated", False) and not is_shared(model)
+    })
+
+
 def project_tables(
     app_labels: Iterable[str] | None = None,
 ) -> dict[str, dict[str, tuple[str, ...]]]:
     """Your apps' tables, when ``TENANCY["GRANT_PROJECT_TABLES"]`` is on.
 
-    DML to the app role on each, and to the worker role on the
-    ``tenant_isolated`` ones (consumers' handlers write those). Nothing is
-    revoked on them: grants you add by hand stay. (Django's
-    ``django_migrations`` is in :data:`OWN`, tenancy's.)
+    DML to the app role and the worker role on the ``tenant_isolated`` ones
+    (row-level security; consumers' handlers write them), and to the app role
+    on those ``TENANCY["SHARED_TABLES"]`` names. A table with neither would put
+    every tenant's rows in reach of a query that forgets its tenant (or of SQL
+    injected into any tenant's request): it is not opened
+    (:func:`closed_tables`, check ``tenancy.W040``). Nothing is revoked on
+    your tables: grants you add by hand stay. (Django's ``django_migrations``
+    is in :data:`OWN`, tenancy's.)
     """
     if not tenancy_settings.GRANT_PROJECT_TABLES:
         return {}
     wanted = None if app_labels is None else set(app_labels)
-    governed = governed_apps()
     rows: dict[str, dict[str, tuple[str, ...]]] = {}
-    for model in apps.get_models(include_auto_created=True):
+    for model in _project_models():
         meta = model._meta
-        if meta.app_label in governed or meta.proxy or not meta.managed:
-            continue
         if wanted is not None and meta.app_label not in wanted:
             continue
-        kinds: dict[str, tuple[str, ...]] = {APP: DML}
+        kinds: dict[str, tuple[str, ...]] = {}
         if getattr(model, "tenant_isolated", False):
-            kinds[WORKER] = DML
-        rows[meta.db_table] = kinds
+            kinds = {APP: DML, WORKER: DML}
+        elif is_shared(model):
+            kinds = {APP: DML}
+        if kinds:
+            rows[meta.db_table] = kinds
     return rows
+
+
+def worker_tables() -> frozenset[str]:
+    """The tables the matrix opens to the worker role and not to the app role.
+
+    The ORM's queries on their models go to the worker alias
+    (:class:`tenancy.routers.AppDatabaseRouter`): django-tasks-db's queue,
+    which holds every tenant's envelopes with no tenant column, is enqueued
+    to and worked through as the worker role, never the web role. Asked by
+    the router for every query: worked out once per set of installed apps.
+    """
+    return _worker_tables(tuple(config.label for config in apps.get_app_configs()))
+
+
+@functools.lru_cache(maxsize=4)
+def _worker_tables(installed: tuple[str, ...]) -> frozenset[str]:
+    return frozenset(table for table, kinds in library_tables().items()
+                     if WORKER in kinds and APP not in kinds)
 
 
 def grants(
@@ -184,9 +233,8 @@ def grants(
 
 
 def quote(name: str) -> str:
-    """An SQL identifier, quoted only when it must be."""
-    if re.fullmatch(r"[a-z_][a-z0-9_$]*", name):
-        return name
+    """An SQL identifier, always quoted: a name that is also a keyword (a role called
+    ``user``) is then a name too, and a statement printed for a DBA is valid as printed."""
     return '"' + name.replace('"', '""') + '"'
 
 

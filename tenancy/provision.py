@@ -35,6 +35,7 @@ from typing import Any
 from django.conf import settings
 
 from django_idempotency_outbox.errors import ConfigurationError
+from tenancy.layout import MAX_NAME_BYTES
 from tenancy.privileges import quote, role_names
 
 #: Role attributes each kind must have (pg_roles column -> wanted). The owner
@@ -42,11 +43,11 @@ from tenancy.privileges import quote, role_names
 REQUIRED: dict[str, dict[str, bool]] = {
     "owner": {"rolcanlogin": True, "rolcreatedb": True},
     "app": {"rolcanlogin": True, "rolsuper": False, "rolbypassrls": False,
-            "rolcreatedb": False, "rolcreaterole": False},
+            "rolcreatedb": False, "rolcreaterole": False, "rolreplication": False},
     "worker": {"rolcanlogin": True, "rolsuper": False, "rolbypassrls": False,
-               "rolcreatedb": False, "rolcreaterole": False},
+               "rolcreatedb": False, "rolcreaterole": False, "rolreplication": False},
     "system": {"rolcanlogin": True, "rolsuper": False, "rolbypassrls": True,
-               "rolcreatedb": False, "rolcreaterole": False},
+               "rolcreatedb": False, "rolcreaterole": False, "rolreplication": False},
 }
 _KEYWORDS = {
     "rolcanlogin": ("LOGIN", "NOLOGIN"),
@@ -54,8 +55,35 @@ _KEYWORDS = {
     "rolbypassrls": ("BYPASSRLS", "NOBYPASSRLS"),
     "rolcreatedb": ("CREATEDB", "NOCREATEDB"),
     "rolcreaterole": ("CREATEROLE", "NOCREATEROLE"),
+    "rolreplication": ("REPLICATION", "NOREPLICATION"),
 }
 KINDS = ("owner", "app", "worker", "system")
+
+#: The role-level parameters a guarantee of the library rests on: what a value
+#: other than ``TENANCY["ROLE_SETTINGS"]``'s breaks, and whether it is the
+#: outbox's delivery (then health reports it too). The web role may set any of
+#: them on itself, for every later session (``ALTER ROLE CURRENT_USER SET``).
+GUARANTEED: dict[str, tuple[str, bool]] = {
+    "app.tenant_id": ("every session starts as that tenant: in the plain mode, a query "
+                      "outside tenant_context() reads and writes its rows", False),
+    "app.tenant_token": ("every session starts with that token", False),
+    "search_path": ("names resolve where it says, for your queries outside tenant_context() "
+                    "and for the schemas the library pins (read from a session's start)",
+                    False),
+    "row_security": ("off: every query on a tenant-isolated table fails", False),
+    "role": ("every session starts as another role", False),
+    "lock_timeout": ("statements give up waiting for locks after it (or never)", False),
+    "default_transaction_read_only": ("nothing is written: no publish, no stored answer, no "
+                                      "offset moves", True),
+    "default_transaction_isolation": ("the outbox's readers refuse anything but READ "
+                                      "COMMITTED, and delivery stops", True),
+    "synchronous_commit": ("a commit is acknowledged before it is on disk: a message the relay "
+                           "sent may vanish with its change in a crash", True),
+    "statement_timeout": ("a publishing transaction's statement may hold its tenants back "
+                          "that long (0: for ever)", True),
+    "idle_in_transaction_session_timeout": ("an idle publishing transaction may hold its "
+                                            "tenants back that long (0: for ever)", True),
+}
 
 
 @dataclass(frozen=True)
@@ -118,8 +146,172 @@ def target(owner_alias: str) -> Target:
         raise ConfigurationError(f"each kind needs a role of its own, not {roles}")
     if not owner.get("NAME"):
         raise ConfigurationError(f"DATABASES[{owner_alias!r}] names no database (NAME)")
+    for what, name in [*((f"the {kind} role", role) for kind, role in roles.items()),
+                       ("the database", str(owner["NAME"]))]:
+        refuse_truncated(what, name)
     return Target(roles, aliases, str(owner["NAME"]), str(owner.get("HOST") or ""),
                   str(owner.get("PORT") or ""))
+
+
+def refuse_truncated(what: str, name: str) -> None:
+    """Raise ConfigurationError when PostgreSQL would truncate ``name`` (over 63 bytes):
+    a role created under the cut name would not be found again by its whole name."""
+    size = len(name.encode("utf-8"))
+    if size > MAX_NAME_BYTES:
+        raise ConfigurationError(
+            f"{what} {name!r} is {size} bytes long: PostgreSQL keeps {MAX_NAME_BYTES} bytes of a "
+            "name and would cut the rest, so the next run would look for another name. Choose "
+            f"a name of at most {MAX_NAME_BYTES} bytes."
+        )
+
+
+# --- what create_roles made, and how a role differs from it --------------------------------
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A role as the catalogs show it: attributes, and its role-level settings."""
+
+    attributes: dict[str, bool]
+    connection_limit: int
+    expires: bool  #: VALID UNTIL a time (create_roles sets none)
+    settings: dict[str, str]  #: for every database
+    database_settings: dict[str, str]  #: for the database (they win there)
+    database: str
+
+
+def shapes(rows: Iterable[tuple[Any, ...]]) -> dict[str, Shape]:
+    """The rows of ``tenancy/queries.sql``'s ``role_shapes``, by role name."""
+    def split(configs: Iterable[str]) -> dict[str, str]:
+        return dict(config.split("=", 1) for config in configs)
+
+    found: dict[str, Shape] = {}
+    for (name, superuser, bypassrls, createrole, createdb, login, replication, limit, expires,
+         everywhere, here, database) in rows:
+        attributes = {"rolsuper": superuser, "rolbypassrls": bypassrls,
+                      "rolcreaterole": createrole, "rolcreatedb": createdb,
+                      "rolcanlogin": login, "rolreplication": replication}
+        found[name] = Shape(attributes, limit, expires, split(everywhere), split(here), database)
+    return found
+
+
+@dataclass(frozen=True)
+class Drift:
+    """One way a role differs from what create_roles made of it."""
+
+    kind: str
+    role: str
+    name: str  #: a parameter, or an attribute's keyword
+    found: str | None  #: a setting's value in the database (None: not set)
+    wanted: str | None
+    database: str = ""  #: the database whose sessions it concerns
+    #: a setting: where it is set (ALTER ROLE ... SET, ALTER ROLE ... IN DATABASE ... SET)
+    everywhere: bool = False
+    here: bool = False
+    attribute: bool = False  #: an attribute (``name`` is the one to have), not a setting
+
+    @property
+    def breaks(self) -> str:
+        """What the difference breaks ("" when nothing the library promises)."""
+        if self.attribute:
+            return ATTRIBUTE_BREAKS.get(self.found or "", "")
+        return GUARANTEED.get(self.name, ("", False))[0]
+
+    @property
+    def delivery(self) -> bool:
+        """Whether it breaks a promise of the outbox's delivery (health reports it)."""
+        return not self.attribute and GUARANTEED.get(self.name, ("", False))[1]
+
+    @property
+    def said(self) -> str:
+        """The difference, in a phrase: ``role shop_app (app) has ..., where create_roles ...``."""
+        who = f"role {self.role} ({self.kind})"
+        if self.attribute:
+            return f"{who} has {self.found}, where create_roles makes {self.wanted}"
+        if self.found is None:
+            return f"{who} lacks {self.name} = {self.wanted!r}, which create_roles sets"
+        if self.wanted is None:
+            return f"{who} has {self.name} = {self.found!r}, which create_roles does not set"
+        return f"{who} has {self.name} = {self.found!r}, where create_roles sets {self.wanted!r}"
+
+    @property
+    def statements(self) -> list[str]:
+        """What puts it back, as a superuser (what create_roles runs)."""
+        role = quote(self.role)
+        if self.attribute:
+            return [f"ALTER ROLE {role} {self.wanted};"]
+        database = quote(self.database)
+        if self.wanted is not None:  # a database's own setting wins over the role's
+            return [f"ALTER ROLE {role} IN DATABASE {database} SET {self.name} = "
+                    f"{literal(self.wanted)};"]
+        return ([f"ALTER ROLE {role} IN DATABASE {database} RESET {self.name};"] * self.here
+                + [f"ALTER ROLE {role} RESET {self.name};"] * self.everywhere)
+
+    @property
+    def fix(self) -> str:
+        return " ".join(self.statements)
+
+
+ATTRIBUTE_BREAKS = {
+    "SUPERUSER": "row-level security does not apply to a superuser",
+    "BYPASSRLS": "row-level security does not apply to it",
+    "NOBYPASSRLS": "cross-tenant upkeep sees one tenant at most",
+    "CREATEROLE": "it may create roles and grant itself their membership",
+    "REPLICATION": "it may stream the write-ahead log: every tenant's rows",
+}
+
+
+def literal(value: str) -> str:
+    """An SQL string literal."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def drift(kind: str, role: str, shape: Shape) -> list[Drift]:
+    """How ``role`` (of ``kind``: app, worker or system) differs from what create_roles makes:
+    the required attributes, no connection limit or expiry, and exactly
+    ``TENANCY["ROLE_SETTINGS"][kind]`` as the settings its sessions start with in the
+    database (its own, ``ALTER ROLE ... SET``, under the database's, ``ALTER ROLE ... IN
+    DATABASE ... SET``, which win)."""
+    from tenancy.conf import tenancy_settings
+
+    found: list[Drift] = []
+    for column, wanted in REQUIRED[kind].items():
+        if shape.attributes.get(column) != wanted:
+            yes, no = _KEYWORDS[column]
+            found.append(Drift(kind, role, yes if wanted else no,
+                               no if wanted else yes, yes if wanted else no, attribute=True))
+    if shape.connection_limit != -1:
+        found.append(Drift(kind, role, "CONNECTION LIMIT -1",
+                           f"CONNECTION LIMIT {shape.connection_limit}", "CONNECTION LIMIT -1",
+                           attribute=True))
+    if shape.expires:
+        found.append(Drift(kind, role, "VALID UNTIL 'infinity'", "VALID UNTIL a time",
+                           "VALID UNTIL 'infinity'", attribute=True))
+    wanted_settings = tenancy_settings.ROLE_SETTINGS.get(kind, {})
+    effective = {**shape.settings, **shape.database_settings}
+    for name in sorted(set(wanted_settings) | set(effective)):
+        if effective.get(name) != wanted_settings.get(name):
+            found.append(Drift(kind, role, name, effective.get(name), wanted_settings.get(name),
+                               shape.database, everywhere=name in shape.settings,
+                               here=name in shape.database_settings))
+    return found
+
+
+def role_drift(using: str) -> list[Drift]:
+    """How the app, worker and system roles named in settings differ from what create_roles
+    makes, as seen through ``using`` (any alias: the catalogs are readable by every role).
+    A role that does not exist is left out."""
+    from django.db import connections
+
+    from django_idempotency_outbox.sqlfiles import queries
+
+    names = role_names()
+    with connections[using].cursor() as cursor:
+        cursor.execute(queries("tenancy")["role_shapes"],
+                       {"roles": sorted(set(names.values())), "database": None})
+        found = shapes(cursor.fetchall())
+    return [d for kind, role in names.items() if role in found
+            for d in drift(kind, role, found[role])]
 
 
 # --- passwords ------------------------------------------------------------------------------
@@ -191,35 +383,46 @@ def password_for(kind: str, role: str, alias: str) -> Password:
 
 
 def saslprep(password: str) -> bytes:
-    """RFC 4013 SASLprep as PostgreSQL applies it to a SCRAM password.
+    """SASLprep (RFC 4013) exactly as PostgreSQL applies it to a SCRAM password.
 
-    ASCII passes unchanged. Otherwise the string is mapped and NFKC-normalized;
-    a prohibited character or a bidirectional mix makes PostgreSQL (and
-    libpq) use the raw bytes instead, and so does this.
+    PostgreSQL's ``pg_saslprep()`` (src/common/saslprep.c), which the server
+    and libpq share, step by step, so that a verifier computed here is the one
+    the server computes when the password logs in:
+
+    1. ASCII passes unchanged.
+    2. Map: a non-ASCII space (table C.1.2, U+200B ZERO WIDTH SPACE among them)
+       becomes a space *before* anything is mapped to nothing (table B.1,
+       which lists U+200B too): taken the other way round, a password with
+       U+200B would never log in.
+    3. Nothing left: the raw bytes are used.
+    4. Normalize the mapped string to NFKC: that is the result.
+    5. Prohibited characters and the bidirectional rule are checked on the
+       *mapped* string, before normalization, as PostgreSQL does; either
+       failing makes PostgreSQL (and this) use the raw bytes instead.
     """
     raw = password.encode("utf-8")
     if password.isascii():
         return raw
     mapped = "".join(
-        " " if stringprep.in_table_c12(c) else c
-        for c in password if not stringprep.in_table_b1(c)
+        " " if stringprep.in_table_c12(c) else "" if stringprep.in_table_b1(c) else c
+        for c in password
     )
-    text = unicodedata.normalize("NFKC", mapped)
+    if not mapped:
+        return raw
     prohibited: tuple[Callable[[str], bool], ...] = (
         stringprep.in_table_c12, stringprep.in_table_c21_c22, stringprep.in_table_c3,
         stringprep.in_table_c4, stringprep.in_table_c5, stringprep.in_table_c6,
         stringprep.in_table_c7, stringprep.in_table_c8, stringprep.in_table_c9,
         stringprep.in_table_a1,
     )
-    if not text or any(check(c) for c in text for check in prohibited):
+    if any(check(c) for c in mapped for check in prohibited):
         return raw
-    rand_al = [stringprep.in_table_d1(c) for c in text]
-    if any(rand_al):
-        if any(stringprep.in_table_d2(c) for c in text):
+    if any(stringprep.in_table_d1(c) for c in mapped):
+        if any(stringprep.in_table_d2(c) for c in mapped):
             return raw
-        if not (rand_al[0] and rand_al[-1]):
+        if not (stringprep.in_table_d1(mapped[0]) and stringprep.in_table_d1(mapped[-1])):
             return raw
-    return text.encode("utf-8")
+    return unicodedata.normalize("NFKC", mapped).encode("utf-8")
 
 
 def scram_verifier(password: str, *, salt: bytes | None = None, iterations: int = 4096) -> str:
@@ -256,16 +459,22 @@ def plan(
     database_exists: bool,
     passwords: Callable[[str], Password],
     known: Callable[[str], str | None] = lambda kind: "",
+    shaped: dict[str, Shape] | None = None,
 ) -> Plan:
     """What to do to reach ``goal`` from the catalog state given (empty: a new server).
 
     ``known(kind)`` says where the password of an existing role is kept, or
     None when the settings and the password file have none: then the alias
     cannot log in where the server asks for a password, and the plan warns
-    (an existing role's password is never changed here).
+    (an existing role's password is never changed here). ``shaped`` (by role)
+    gives the existing roles' connection limits, expiry and settings: what
+    differs from what this makes (:func:`drift`) is put back.
     """
+    from tenancy.conf import tenancy_settings
+
     result = Plan()
     members = set(members_of_owner)
+    settings_of_new: list[Step] = []  # settings (in the database): once it exists
     for kind in KINDS:
         role = goal.roles[kind]
         current = roles.get(role)
@@ -277,15 +486,25 @@ def plan(
                 f"CREATE ROLE {quote(role)} {keywords} "
                 f"PASSWORD '{scram_verifier(password.value)}';",
             ))
+            settings_of_new.extend(
+                Step(f"role {role}: {name} = {value!r} in database {goal.database}",
+                     f"ALTER ROLE {quote(role)} IN DATABASE {quote(goal.database)} SET {name} = "
+                     f"{literal(value)};")
+                for name, value in tenancy_settings.ROLE_SETTINGS.get(kind, {}).items())
             continue
         differ = _attributes(kind, current)
+        shape = (shaped or {}).get(role)
+        rest = [] if shape is None or kind == "owner" else [
+            d for d in drift(kind, role, shape) if not (d.attribute and d.name in differ)]
         if differ:
             result.steps.append(Step(
                 f"role {role}: exists; altered to {' '.join(differ)}",
                 f"ALTER ROLE {quote(role)} {' '.join(differ)};",
             ))
-        else:
+        elif not rest:
             result.steps.append(Step(f"role {role}: exists, as required"))
+        settings_of_new.extend(Step(f"{d.said}: put back" if n == 0 else "", statement)
+                               for d in rest for n, statement in enumerate(d.statements))
         if known(kind) is None:
             alias = goal.aliases[kind]
             path = alias_passfile(alias)
@@ -316,6 +535,7 @@ def plan(
         )
     else:
         result.steps.append(Step(f"database {goal.database}: exists, owned by {owner}"))
+    result.steps.extend(settings_of_new)
     return result
 
 
@@ -372,12 +592,13 @@ def superuser_connection(goal: Target, url: str | None) -> Any:
 
 def provision(goal: Target, conn: Any) -> Plan:
     """Look at the server, then create or alter what differs from ``goal``; return the plan run."""
-    wanted = list(goal.roles.values())
-    columns = ", ".join(_KEYWORDS)
-    rows = conn.execute(
-        f"SELECT rolname, {columns} FROM pg_roles WHERE rolname = ANY(%s)", [wanted]
-    ).fetchall()
-    roles = {row[0]: dict(zip(_KEYWORDS, row[1:], strict=True)) for row in rows}
+    from django_idempotency_outbox.sqlfiles import queries
+
+    shaped = shapes(conn.execute(
+        queries("tenancy")["role_shapes"],
+        {"roles": list(goal.roles.values()), "database": goal.database},
+    ).fetchall())
+    roles = {role: shape.attributes for role, shape in shaped.items()}
     members = [row[0] for row in conn.execute(
         "SELECT u.rolname FROM pg_auth_members m JOIN pg_roles o ON o.oid = m.roleid"
         " JOIN pg_roles u ON u.oid = m.member WHERE o.rolname = %s",
@@ -387,7 +608,7 @@ def provision(goal: Target, conn: Any) -> Plan:
         "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = %s", [goal.database]
     ).fetchone()
     result = plan(goal, roles, members, database[0] if database else None,
-                  database is not None, _password_source(goal), _known_password(goal))
+                  database is not None, _password_source(goal), _known_password(goal), shaped)
     if result.error:
         return result
     for step in result.changes:

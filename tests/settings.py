@@ -154,6 +154,9 @@ TENANCY: dict[str, Any] = {
     "WORKER_DATABASE": "worker",
     # The test app's tables (and Django's) are granted by migrate too.
     "GRANT_PROJECT_TABLES": True,
+    # Opened to the app role without row-level security: Django's own tables, and the
+    # plain orders that the benchmarks compare with (no RLS on purpose).
+    "SHARED_TABLES": ["admin", "auth", "contenttypes", "sessions", "testapp_plain_order"],
 }
 
 # Consumers' handlers write through the ORM: inside a batch the router sends

@@ -33,7 +33,7 @@ SECRET_KEY = "tests-only-not-secret"
 USE_TZ = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 INSTALLED_APPS = ["django.contrib.contenttypes", "tenancy", "outbox"]
-TENANCY = {"GRANT_PROJECT_TABLES": True}
+TENANCY = {"GRANT_PROJECT_TABLES": True, "SHARED_TABLES": ["contenttypes"]}
 OUTBOX = {
     "CONSUMERS": ["tests.outbox_alone.Echo"],
     "TRANSPORT": "outbox.transports.LoggingTransport",

@@ -402,6 +402,10 @@ class Refund(models.Model):
 class Product(models.Model):
     sku = models.CharField(max_length=50)
 ''')
+    # ...which holds no merchant's rows: opened to the web process, as a user says so.
+    (project.dir / "shop" / "settings.py").write_text(
+        (project.dir / "shop" / "settings.py").read_text()
+        + '\nTENANCY["SHARED_TABLES"] = [*TENANCY["SHARED_TABLES"], "shop_product"]\n')
     # ...and a test that commits, which Django flushes after it (through the owner).
     (project.dir / "shop" / "tests.py").write_text(
         (project.dir / "shop" / "tests.py").read_text() + """

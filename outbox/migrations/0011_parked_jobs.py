@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('outbox', '0009_publish_function'),
+        ('outbox', '0010_database_marks'),
     ]
 
     operations = [

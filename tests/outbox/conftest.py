@@ -14,6 +14,21 @@ NO_RABBITMQ = ("RabbitMQ is not running: DIO_AMQP_URL is unset (make test starts
                "scripts/services run pg redis rabbitmq -- ...)")
 
 
+@pytest.fixture(scope="session")
+def prepared_transactions():
+    """Two-phase commit on the private cluster: max_prepared_transactions > 0.
+
+    scripts/services starts PostgreSQL with 8; a cluster started by an older
+    checkout has 0 until it is restarted.
+    """
+    from tests.helpers import observer
+
+    with observer() as conn:
+        allowed = int(conn.execute("SHOW max_prepared_transactions").fetchone()[0])
+    assert allowed > 0, ("max_prepared_transactions is 0: restart the private cluster "
+                         "(scripts/services stop, then run the tests again)")
+
+
 @pytest.fixture(autouse=True)
 def _fresh_failures():
     recorders.FAILING.clear()

@@ -40,6 +40,21 @@ def test_a_sequence_that_hands_out_values_out_of_order_is_an_error():
     assert fence_ids() == []
 
 
+def test_a_server_that_lets_the_web_role_prepare_a_transaction_is_a_deployment_warning(
+    prepared_transactions,
+):
+    """Issue 29, item 4: PostgreSQL has no privilege for PREPARE TRANSACTION; the suite's
+    cluster allows 8 (to test the fence with them), so `check --deploy --database` warns and
+    says how to keep the web role from preparing one. Not without --deploy (nor a plain
+    check): a deployment's hardening, like Django's own --deploy checks."""
+    [warning] = [m for m in checks.run_checks(databases=[app_alias()],
+                                              include_deployment_checks=True)
+                 if m.id == "outbox.W003"]
+    assert "max_prepared_transactions is 8" in warning.msg and "web role" in warning.msg
+    assert "max_prepared_transactions = 0" in warning.hint
+    assert "outbox.W003" not in [m.id for m in checks.run_checks(databases=[app_alias()])]
+
+
 RECREATE = ("CREATE TRIGGER outbox_messages_mark_publisher BEFORE INSERT ON outbox_messages"
             " FOR EACH ROW EXECUTE FUNCTION outbox_mark_publisher_v2()")
 

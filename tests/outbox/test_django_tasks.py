@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import signal
 import sys
@@ -18,6 +19,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import psycopg
 import pytest
 from django.core import checks
 from django.core.management import call_command
@@ -156,6 +158,79 @@ def test_a_relay_killed_part_way_through_enqueueing_a_batch_leaves_none_of_it(tm
     relay(tmp_path, 5, env={**TASKS, "DIO_RELAY_LEASE": "1"})
     manage(tmp_path, "db_worker", "--batch", "--no-startup-delay", name="db_worker")
     assert effects() == {str(i): 1 for i in ids}
+
+
+# -- the queue is the worker role's, never the web role's -----------------------------
+
+QUEUE_ATTACKS = {
+    "read every tenant's envelopes": f"SELECT args_kwargs FROM {TABLE}",
+    "mark another tenant's task done": f"UPDATE {TABLE} SET status = 'SUCCESSFUL'",
+    "copy a task": f"INSERT INTO {TABLE} SELECT * FROM {TABLE}",
+    "erase a task": f"DELETE FROM {TABLE}",
+    "lock the queue": f"SELECT id FROM {TABLE} FOR UPDATE",
+}
+
+
+@pytest.mark.parametrize("attack", list(QUEUE_ATTACKS))
+@pytest.mark.parametrize("way", ["direct", "pooled"])
+def test_the_web_role_cannot_touch_the_queue_of_every_tenants_envelopes(tmp_path, attack, way,
+                                                                       request):
+    """Issue 29, item 2: django-tasks-db's queue has no tenant column and no row-level
+    security. The relay enqueues on the worker alias and the tasks' worker claims there, so
+    the web role needs, and holds, no privilege on it: every statement is refused, as any
+    tenant, in either mode, directly or through a pooler."""
+    from tests.helpers import as_tenant, connect
+
+    publish_many(A, "order.placed", [{"sku": "queued"}])
+    relay(tmp_path, 1)  # tenant A's envelope waits in the queue
+    conn = (request.getfixturevalue("pooler").connect("default", autocommit=False)
+            if way == "pooled" else connect())
+    with conn, as_tenant(conn, B):
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute(QUEUE_ATTACKS[attack])
+    assert [r["status"] for r in results()] == ["READY"]
+
+
+def test_the_queue_is_routed_to_the_worker_alias_and_granted_the_worker_role_only():
+    """Where django-tasks-db enqueues (the relay, a receiver's retry) and its worker claims:
+    the router's alias for the queue's model. AppDatabaseRouter sends a model whose table the
+    matrix opens to the worker role and not the app role to the worker alias (the queue's, as
+    the offsets'); the matrix gives the worker role DML on the queue and the app and system
+    roles nothing. (The processes of the tests above enqueue and claim that way.)"""
+    from django.db import router
+
+    from outbox.models import ConsumerOffset
+    from tenancy.aliases import worker_alias
+    from tenancy.privileges import role_names, worker_tables
+
+    assert TABLE in worker_tables() and "consumer_offsets" in worker_tables()
+    assert router.db_for_write(ConsumerOffset) == router.db_for_read(ConsumerOffset) == (
+        worker_alias())
+    names = role_names()
+    with observer() as conn:
+        held = {kind: conn.execute(
+            "SELECT array_agg(p ORDER BY p) FILTER (WHERE has_table_privilege(%s, %s, p))"
+            " FROM unnest(array['DELETE', 'INSERT', 'SELECT', 'TRUNCATE', 'UPDATE']) p",
+            [names[kind], TABLE]).fetchone()[0] for kind in ("app", "worker", "system")}
+    assert held == {"app": None, "worker": ["DELETE", "INSERT", "SELECT", "UPDATE"],
+                    "system": None}
+
+
+def test_the_check_refuses_a_queue_on_the_web_roles_alias(tmp_path):
+    """outbox.E124: without AppDatabaseRouter, django-tasks-db's queue is the app alias's; the
+    relay would enqueue there as the web role, which has no privilege on it."""
+    import subprocess
+
+    from tests.outbox.support.helpers import ROOT
+
+    def check(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, text=True,
+                              capture_output=True, timeout=120, env={**os.environ, **env})
+
+    assert "outbox.E124" not in check(TASKS).stderr
+    refused = check({**TASKS, "DIO_TASKS_NO_ROUTER": "1"})
+    assert refused.returncode == 1 and "outbox.E124" in refused.stderr, refused.stderr[-2000:]
+    assert "AppDatabaseRouter" in refused.stderr
 
 
 # -- a worker killed mid-task ----------------------------------------------------------

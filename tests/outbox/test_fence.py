@@ -356,6 +356,19 @@ def test_an_insert_that_names_its_own_id_is_refused():
                              [A, last - 1])
 
 
+def test_a_messages_time_and_transaction_are_the_databases_whatever_the_insert_says():
+    """Issue 29, item 3: the web role gave a message any created_at (and xid); the trigger
+    writes the transaction's start and id instead."""
+    for alias in ("default", "worker"):
+        with connect(alias) as conn, conn.transaction():
+            set_tenant(conn, A)
+            written = conn.execute(
+                "INSERT INTO outbox_messages (tenant_id, message_id, topic, payload, created_at,"
+                " xid) VALUES (%s, gen_random_uuid(), 't', '{}', '2999-01-01', '1')"
+                " RETURNING created_at = now(), xid = pg_current_xact_id()", [A]).fetchone()
+            assert written == (True, True)
+
+
 def direct(alias: str = "default", **kwargs: Any) -> psycopg.Connection:
     """A session of the role of ``alias`` straight to PostgreSQL, even when the alias is
     pooled: what it leaves ends with it (a pooled one would stay for later tests)."""
@@ -414,17 +427,18 @@ def test_a_session_lock_left_in_a_pooled_session_holds_nothing_back_for_the_next
         assert memory.message_ids == [str(first), str(second)]
 
 
-def test_a_session_lock_left_behind_delays_only_during_a_publishing_transaction_of_its_session():
-    """Inside a transaction of that session that does publish, a stray mark counts, for as
-    long as that transaction: a delay of one transaction, never a freeze."""
+def test_a_session_lock_left_behind_holds_nothing_back_even_during_a_publishing_transaction():
+    """Inside a transaction of that session that does publish (for tenant A), a stray mark
+    naming tenant B still counts for nothing: B's mark has no proof that the trigger took it
+    for B in that transaction."""
     with direct(autocommit=True) as conn:
         conn.execute(f"SELECT pg_advisory_lock_shared({B})")  # a stray mark naming tenant B
         conn.execute("BEGIN")
         raw_publish(conn, A, "t", {"sku": "publishing"})
         late = published_elsewhere(B, "b")
-        assert uuid.UUID(late) not in readable()  # held while this transaction is open
+        assert [t for _, t, _ in marks()] == [A]
+        assert uuid.UUID(late) in readable()
         conn.execute("COMMIT")
-        assert uuid.UUID(late) in readable()  # and no longer once it has ended
 
 
 @pytest.mark.parametrize("key", ["the tenant's", "the bound's"])
@@ -484,24 +498,112 @@ def test_a_foreign_lock_in_a_publishing_transaction_can_only_hold_back_more():
     assert marks() == []
 
 
+# -- only a transaction that inserted a message of a tenant is a publisher of it ------------
+#
+# The web role may take the outbox's write lock (LOCK TABLE ... IN ROW EXCLUSIVE MODE: its
+# INSERT privilege allows it) and any advisory lock, a mark's key included. Neither makes it
+# a publisher: a tenant's mark counts beside its proof, a lock whose key only the trigger can
+# compute (for that transaction and that tenant).
+
+POSING = {
+    "write lock and a mark": [
+        "LOCK TABLE outbox_messages IN ROW EXCLUSIVE MODE",
+        f"SELECT pg_advisory_xact_lock_shared({B})",
+    ],
+    "write lock, a mark and a bound": [
+        "LOCK TABLE outbox_messages IN ROW EXCLUSIVE MODE",
+        f"SELECT pg_advisory_xact_lock_shared({B})",
+        "SELECT pg_advisory_xact_lock_shared((28514 << 16), 0)",
+    ],
+    "a mark beside a message of its own tenant": [
+        "PUBLISH A",
+        f"SELECT pg_advisory_xact_lock_shared({B})",
+    ],
+    "a proof copied from another publisher of B": [
+        "PUBLISH A",
+        f"SELECT pg_advisory_xact_lock_shared({B})",
+        "COPY PROOF",
+    ],
+}
+
+
+def _pose(conn: psycopg.Connection, statements: list[str]) -> None:
+    """Run ``statements`` in ``conn``'s open transaction, as the web role would (injected SQL)."""
+    for statement in statements:
+        if statement == "PUBLISH A":
+            raw_publish(conn, A, "t", {"sku": "its own"})
+        elif statement == "COPY PROOF":
+            with connect() as honest:  # a real publisher of B, open while its proof is read
+                honest.execute("BEGIN")
+                raw_publish(honest, B, "t", {"sku": "honest"})
+                with observer() as look:
+                    proofs = look.execute(
+                        "SELECT classid::bigint, objid::bigint FROM pg_locks"
+                        " WHERE locktype = 'advisory' AND objsubid = 2 AND pid = %s"
+                        " AND classid::bigint >> 16 = 28532", [server_pid(honest)]).fetchall()
+                honest.execute("ROLLBACK")
+            assert proofs
+            for first, second in proofs:  # the same keys, as the two-int4 form takes them
+                conn.execute("SELECT pg_advisory_xact_lock_shared(%s::bigint::bit(32)::integer,"
+                             " %s::bigint::bit(32)::integer)", [first, second])
+        else:
+            conn.execute(statement)
+
+
+@pytest.mark.parametrize("posing", list(POSING))
+@pytest.mark.parametrize("way", ["direct", "pooled", "prepared"])
+def test_a_transaction_that_never_published_for_a_tenant_holds_it_back_in_no_way(
+    posing, way, request
+):
+    """Issue 29, item 5: the web role poses as a publisher of tenant B (the write lock, B's
+    mark, a bound, a message of its own tenant A, a proof copied from a real publisher of B;
+    directly, through a pooler with one server session, or left as a prepared transaction
+    that outlives its session): B's later messages are delivered all the same, and B is
+    not named as held anywhere."""
+    before = published_elsewhere(B, "before")
+    gid = f"dio-pose-{uuid.uuid4().hex[:8]}"
+    if way == "pooled":
+        pooler = request.getfixturevalue("pooler")
+        conn = pooler.connect(app_alias(), autocommit=False)
+    else:
+        if way == "prepared":
+            request.getfixturevalue("prepared_transactions")
+        conn = connect(autocommit=False)
+    try:
+        _pose(conn, POSING[posing])
+        if way == "prepared":
+            conn.execute(f"PREPARE TRANSACTION '{gid}'")
+        later = published_elsewhere(B, "later")
+        assert B not in [t for _, t, _ in marks()]
+        assert status().held_back == 0 or all(B not in p.tenants for p in status().publishers)
+        assert readable()[-2:] == [uuid.UUID(before), uuid.UUID(later)]
+    finally:
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            conn.rollback()
+        conn.close()
+        with observer() as look:
+            if look.execute("SELECT 1 FROM pg_prepared_xacts WHERE gid = %s", [gid]).fetchone():
+                look.execute(f"ROLLBACK PREPARED '{gid}'")
+
+
+def test_a_real_publishers_marks_are_proven_and_still_hold_its_own_tenant_back():
+    """The counterpart: the trigger's own marks carry their proof, so an open publisher of
+    B holds B's later messages back, as ever (and prepared, as well)."""
+    with connect() as publisher:
+        publisher.execute("BEGIN")
+        own, _ = raw_publish(publisher, B, "t", {"sku": "open"})
+        later = published_elsewhere(B, "later")
+        assert [t for _, t, _ in marks()] == [B]
+        assert uuid.UUID(later) not in readable()
+        publisher.execute("COMMIT")
+    assert uuid.UUID(later) in readable()
+
+
 def test_the_reader_refuses_a_snapshot_isolation_that_would_reuse_its_snapshot():
     with connect("system") as conn, conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         with pytest.raises(psycopg.errors.RaiseException, match="READ COMMITTED"):
             conn.execute("SELECT * FROM outbox_read_v2(0, '{}', 10, NULL, 0, 1)")
-
-
-@pytest.fixture(scope="module")
-def prepared_transactions():
-    """Two-phase commit on the private cluster: max_prepared_transactions > 0.
-
-    scripts/services starts PostgreSQL with 8; a cluster started by an older
-    checkout has 0 until it is restarted.
-    """
-    with observer() as conn:
-        allowed = int(conn.execute("SHOW max_prepared_transactions").fetchone()[0])
-    assert allowed > 0, ("max_prepared_transactions is 0: restart the private cluster "
-                         "(scripts/services stop, then run the tests again)")
 
 
 def test_a_prepared_transaction_that_published_holds_its_tenant_back_until_it_commits(

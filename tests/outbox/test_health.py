@@ -109,6 +109,118 @@ def test_a_tenant_held_back_past_the_limit_is_unhealthy_and_says_who_holds_it(ev
     assert health("--max-lag", "60", "orders")[0] == 0
 
 
+def shift_clock(seconds: int) -> None:
+    """Every message as if published ``seconds`` earlier (their times relative to each other
+    kept: a message its writer dated in the future stays in the future)."""
+    with observer() as conn:
+        conn.execute("UPDATE outbox_messages SET created_at = created_at"
+                     " - make_interval(secs => %s)", [seconds])
+
+
+FORGED = ("INSERT INTO outbox_messages (tenant_id, message_id, topic, payload, created_at)"
+          " VALUES (%s, gen_random_uuid(), 'order.placed', '{}', '2999-01-01')")
+
+
+def test_a_message_its_writer_dated_in_the_future_hides_no_held_tenant(every_reader, client):
+    """Issue 29, item 3: the web role inserts a message dated 2999 (the first its tenant's
+    readers have not passed) while an open publisher holds that tenant back. The database
+    writes the message's time, so the lag is not negative: health reports the held tenant."""
+    from tests.helpers import as_tenant, connect
+    from tests.outbox.support.helpers import raw_publish
+
+    with connect() as slow:
+        slow.execute("BEGIN")
+        raw_publish(slow, 1, "order.placed", {"sku": "open"})
+        with connect() as forger:
+            with as_tenant(forger, 1):
+                forger.execute(FORGED, [1])
+                written = forger.execute("SELECT now()").fetchone()[0]
+        publish_as(1, "order.placed", {"sku": "waiting"})
+        drain(OrderRecorder())
+        with observer() as conn:
+            assert conn.execute("SELECT max(created_at) FROM outbox_messages").fetchone()[0] \
+                <= conn.execute("SELECT now()").fetchone()[0]
+            assert conn.execute("SELECT min(created_at) FROM outbox_messages").fetchone()[0] \
+                == written
+        shift_clock(120)
+        code, out = health("--max-lag", "60", "orders")
+        assert code == 1, out
+        assert re.search(r"orders\[0\]: 2 message\(s\) not passed, the first 1\d\d s old "
+                         r"\(limit 60 s\): tenant 1 is held back by an open transaction", out), out
+        response = client.get("/healthz/outbox?reader=orders")
+        assert response.status_code == 503, response.json()
+        slow.execute("ROLLBACK")
+
+
+def test_a_prepared_transaction_that_holds_delivery_is_a_stall_health_reports(
+    every_reader, client, prepared_transactions, settings
+):
+    """Issue 29, item 4: with the web role alone, a tenant's key held exclusively in one
+    session and a publish in another (marked "any tenant"), then PREPARE TRANSACTION: every
+    tenant's delivery waits until someone ends it. Health reports it once it is older than
+    the limit, whether or not a message waits for it yet, and names its gid."""
+    import uuid
+
+    from tests.helpers import as_tenant, connect
+    from tests.outbox.support.helpers import raw_publish
+
+    gid = f"dio-stall-{uuid.uuid4().hex[:8]}"
+    try:
+        with connect(autocommit=True) as holder, connect() as publisher:
+            holder.execute("SELECT pg_advisory_lock(1)")
+            publisher.execute("BEGIN")
+            raw_publish(publisher, 1, "order.placed", {"sku": "frozen"})
+            publisher.execute(f"PREPARE TRANSACTION '{gid}'")
+        assert health("--max-lag", "60")[0] == 0  # just prepared: no stall yet
+        code, out = health("--max-lag", "0")
+        assert code == 1, out
+        assert re.search(rf"a prepared transaction '{gid}' \(role {app_role()}\) published and "
+                         r"has held back every tenant for \d+ s \(limit 0 s\): nothing ends it "
+                         rf"but COMMIT PREPARED or ROLLBACK PREPARED '{gid}'", out), out
+        with connect() as forger, as_tenant(forger, 2):  # and a message dated 2999 hides nothing
+            forger.execute(FORGED, [2])
+        code, out = health("--max-lag", "0", "orders")
+        assert code == 1, out
+        assert "a prepared transaction" in out and "orders[0]: 1 message(s) not passed" in out
+        settings.OUTBOX = {**settings.OUTBOX, "HEALTH_MAX_LAG": 0.001}
+        response = client.get("/healthz/outbox")
+        assert response.status_code == 503
+        assert any(p.startswith(f"a prepared transaction '{gid}'")
+                   for p in response.json()["problems"]), response.json()
+    finally:
+        with observer() as conn:
+            if conn.execute("SELECT 1 FROM pg_prepared_xacts WHERE gid = %s", [gid]).fetchone():
+                conn.execute(f"ROLLBACK PREPARED '{gid}'")
+    assert "prepared" not in health("--max-lag", "0")[1]
+
+
+@pytest.mark.parametrize("statement, parameter", [
+    ("ALTER ROLE CURRENT_USER SET synchronous_commit = off", "synchronous_commit"),
+    ("ALTER ROLE CURRENT_USER SET idle_in_transaction_session_timeout = 0",
+     "idle_in_transaction_session_timeout"),
+])
+def test_a_role_setting_the_web_role_gave_itself_that_breaks_delivery_is_unhealthy(
+    every_reader, client, statement, parameter
+):
+    """Issue 29, item 7: settings the web role gives itself for every later session, where
+    delivery rests on them (a commit on disk before the relay sends its message; how long an
+    open publisher may hold its tenants), make health unhealthy until they are put back."""
+    from tests.helpers import connect
+
+    with connect(autocommit=True) as conn:
+        conn.execute(statement)
+    try:
+        code, out = health()
+        assert code == 1, out
+        assert f"role {app_role()} (app) has {parameter} = '" in out, out
+        assert f'RESET {parameter};' in out
+        assert client.get("/healthz/outbox").status_code == 503
+    finally:
+        with observer() as conn:
+            conn.execute(f'ALTER ROLE "{app_role()}" RESET ALL')
+    assert health()[0] == 0
+
+
 def test_a_stale_relay_lease_exits_1(every_reader):
     set_lease("now() - interval '30 seconds'")
     code, out = health("--max-lease-age", "10")

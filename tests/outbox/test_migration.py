@@ -263,3 +263,76 @@ def test_0008_undone_moves_a_held_position_back_to_its_lowest_tenant(outbox_at_0
                             " WHERE (message).id IS NOT NULL").fetchall() == [(2,), (3,)]
         [(id_,)] = conn.execute(OLD_INSERT, [A]).fetchall()
         assert id_ == 4  # from the default again
+
+
+# -- migration 0010: the database's marks (time, proofs) ---------------------------------
+
+
+@pytest.fixture
+def outbox_at_0008() -> Iterator[str]:
+    """A database at the outbox's 0008, with a message a writer dated in the year 2999."""
+    name = f"{settings.DATABASES['default']['NAME']}_marks_upgrade"
+    with psycopg.connect(owner_dsn("postgres"), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    result = migrate(name, "0008")
+    assert result.returncode == 0, result.stderr[-3000:]
+    with superuser(name) as conn:
+        conn.execute("INSERT INTO outbox_messages (tenant_id, message_id, topic, payload,"
+                     " created_at) VALUES (%s, gen_random_uuid(), 't', '{}', '2999-01-01')", [A])
+    yield name
+    with psycopg.connect(owner_dsn("postgres"), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_0010_waits_for_a_publisher_marked_without_proof_and_dates_no_message_in_the_future(
+    outbox_at_0008,
+):
+    """A publisher in flight carries 0008's marks, which 0010's readers would not count:
+    the migration waits for it. A message dated in the future is brought back to the
+    migration's time; a message written afterwards gets the database's time and proof."""
+    with superuser(outbox_at_0008) as publisher:
+        publisher.execute("BEGIN")
+        [(in_flight,)] = publisher.execute(OLD_INSERT, [B]).fetchall()
+        results: list[subprocess.CompletedProcess[str]] = []
+        migration = threading.Thread(target=lambda: results.append(migrate(outbox_at_0008)))
+        migration.start()
+        try:
+            def waiting() -> bool:
+                with superuser(outbox_at_0008) as conn:
+                    return conn.execute(
+                        "SELECT count(*) FROM pg_locks WHERE NOT granted"
+                        " AND relation = 'outbox_messages'::regclass").fetchone()[0] >= 1
+
+            wait_for(waiting, "the migration to wait for the publisher")
+            publisher.execute("COMMIT")
+        finally:
+            migration.join()
+    assert results[0].returncode == 0, results[0].stderr[-3000:]
+    assert read_v2(outbox_at_0008, 0) == [1, in_flight]
+    with superuser(outbox_at_0008) as conn:
+        assert conn.execute("SELECT count(*) FROM outbox_messages WHERE created_at > now()"
+                            ).fetchone()[0] == 0
+        assert conn.execute("SELECT relforcerowsecurity FROM pg_class"
+                            " WHERE oid = 'outbox_messages'::regclass").fetchone()[0]
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO outbox_messages (tenant_id, message_id, topic, payload,"
+                     " created_at) VALUES (%s, gen_random_uuid(), 't', '{}', '2999-01-01')", [B])
+        assert conn.execute("SELECT tenant_id FROM outbox_publishers_v2()").fetchall() == [(B,)]
+        assert conn.execute("SELECT created_at = now() FROM outbox_messages"
+                            " WHERE created_at > '2100-01-01' OR id = (SELECT max(id) FROM"
+                            " outbox_messages)").fetchall() == [(True,)]
+        conn.execute("COMMIT")
+
+
+def test_0010_undone_counts_the_marks_of_0008_again(outbox_at_0008):
+    assert migrate(outbox_at_0008).returncode == 0
+    result = migrate(outbox_at_0008, "0008")
+    assert result.returncode == 0, result.stderr[-3000:]
+    with superuser(outbox_at_0008) as conn:
+        assert conn.execute("SELECT to_regclass('outbox_fence_key')").fetchone()[0] is None
+        conn.execute("BEGIN")
+        conn.execute("LOCK TABLE outbox_messages IN ROW EXCLUSIVE MODE")
+        conn.execute(f"SELECT pg_advisory_xact_lock_shared({B})")  # 0008 trusted such a mark
+        assert conn.execute("SELECT tenant_id FROM outbox_publishers_v2()").fetchall() == [(B,)]
+        conn.execute("ROLLBACK")

@@ -43,6 +43,8 @@ def _acls() -> dict[str, str]:
     "UPDATE outbox_messages SET topic = 'x'",
     "DELETE FROM outbox_messages",
     "TRUNCATE outbox_received",
+    "SELECT secret FROM outbox_fence_key",
+    "SELECT outbox_fence_proof_v1(1, 2)",
 ])
 def test_the_web_role_cannot_touch_shared_delivery_state(statement):
     with connect() as conn, as_tenant(conn, A):
@@ -122,9 +124,9 @@ def test_the_check_names_the_grant_for_a_missing_privilege_and_the_revoke_for_an
         found = {(e.id, e.hint.split(": ", 1)[1].split(" (")[0])
                  for e in check_privileges(databases=[app_alias()])}
         assert found == {
-            ("tenancy.E017", f"GRANT INSERT ON consumer_offsets TO {names['worker']};"),
-            ("tenancy.E018", f"REVOKE UPDATE ON consumer_offsets FROM {names['app']};"),
-            ("tenancy.E018", f"REVOKE TRUNCATE ON outbox_messages FROM {names['system']};"),
+            ("tenancy.E017", f'GRANT INSERT ON "consumer_offsets" TO "{names["worker"]}";'),
+            ("tenancy.E018", f'REVOKE UPDATE ON "consumer_offsets" FROM "{names["app"]}";'),
+            ("tenancy.E018", f'REVOKE TRUNCATE ON "outbox_messages" FROM "{names["system"]}";'),
         }
     finally:
         apply("owner")
@@ -178,7 +180,7 @@ def test_project_table_grants_only_add_and_keep_grants_made_by_hand(settings):
         conn.execute(f"REVOKE UPDATE ON testapp_order FROM {app}")  # one of ours, missing
     try:
         ran = apply("owner")
-        assert ran == [f"GRANT UPDATE ON testapp_order TO {app};"]  # added; nothing revoked
+        assert ran == [f'GRANT UPDATE ON "testapp_order" TO "{app}";']  # added; nothing revoked
         with observer() as conn:
             held = dict(conn.execute(
                 "SELECT r, string_agg(p, ',' ORDER BY p) FROM unnest(%s::text[]) r,"
@@ -194,3 +196,40 @@ def test_project_table_grants_only_add_and_keep_grants_made_by_hand(settings):
         with observer() as conn:
             conn.execute(f"REVOKE ALL ON testapp_plain_order FROM {worker}, {system}")
             conn.execute(f"GRANT UPDATE ON testapp_order TO {app}")
+
+
+# --- issue 29, item 2: GRANT_PROJECT_TABLES opens no table without RLS unless it is shared --
+
+
+def test_a_table_of_yours_without_rls_is_opened_only_when_shared(settings):
+    """testapp_plain_order holds every tenant's rows with no row-level security: migrate
+    opens it to the app role only because the test settings list it in SHARED_TABLES.
+    Without that, migrate's grants leave it closed, and check says which tables, and why."""
+    from django.core import checks
+
+    from tenancy.privileges import closed_tables, project_tables
+
+    app = role_names()["app"]
+    assert "testapp_plain_order" in project_tables()
+    settings.TENANCY = {**settings.TENANCY, "SHARED_TABLES": [
+        s for s in settings.TENANCY["SHARED_TABLES"] if s != "testapp_plain_order"]}
+    assert "testapp_plain_order" not in project_tables()
+    assert closed_tables() == ["testapp_plain_order"]
+    [warning] = [m for m in checks.run_checks() if m.id == "tenancy.W040"]
+    assert "testapp_plain_order" in warning.msg and "SHARED_TABLES" in warning.hint
+    with observer() as conn:
+        conn.execute(f'REVOKE ALL ON testapp_plain_order FROM "{app}"')
+    try:
+        assert not [s for s in apply("owner") if "testapp_plain_order" in s]
+        with observer() as conn:
+            assert not conn.execute("SELECT has_table_privilege(%s, 'testapp_plain_order',"
+                                    " 'SELECT')", [app]).fetchone()[0]
+        with connect() as conn, as_tenant(conn, A):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("SELECT * FROM testapp_plain_order")
+    finally:
+        with observer() as conn:
+            conn.execute(f'GRANT SELECT, INSERT, UPDATE, DELETE ON testapp_plain_order TO "{app}"')
+    settings.TENANCY = {**settings.TENANCY, "SHARED_TABLES": [
+        *settings.TENANCY["SHARED_TABLES"], "testapp_plain_order"]}
+    assert not [m for m in checks.run_checks() if m.id == "tenancy.W040"]

@@ -191,3 +191,138 @@ def test_a_table_without_its_policy_is_reported_once_with_a_hint_for_its_owner()
     assert len(messages) == len(by_table) == 2
     assert by_table["idempotency_keys"] == "Run the library's migrations; never edit their SQL."
     assert "makemigrations testapp" in by_table["testapp_order"]
+
+
+# --- issue 29, item 7: the web role changes itself for good; check (and health) tell ------
+
+#: What the web role may do to every later session of its own (ALTER ROLE CURRENT_USER SET).
+SELF_CHANGES = {
+    "timeouts off": ("statement_timeout", "ALTER ROLE CURRENT_USER SET statement_timeout = 0"),
+    "read only": ("default_transaction_read_only",
+                  "ALTER ROLE CURRENT_USER SET default_transaction_read_only = on"),
+    "search_path": ("search_path", "ALTER ROLE CURRENT_USER SET search_path = pg_catalog"),
+    "row security off": ("row_security", "ALTER ROLE CURRENT_USER SET row_security = off"),
+    "commits before the disk": ("synchronous_commit",
+                                "ALTER ROLE CURRENT_USER SET synchronous_commit = off"),
+    "in this database only": ("search_path",
+                              "DO $$ BEGIN EXECUTE format('ALTER ROLE CURRENT_USER IN DATABASE %I"
+                              " SET search_path = pg_catalog', current_database()); END $$"),
+}
+
+
+@pytest.fixture
+def restore_roles():
+    """Every role setting of the suite's roles reset afterwards, as a superuser."""
+    from psycopg import sql
+
+    from tenancy.privileges import role_names
+    from tests.helpers import observer
+
+    yield
+    with observer() as conn:
+        database = conn.execute("SELECT current_database()").fetchone()[0]
+        for role in set(role_names().values()):
+            conn.execute(sql.SQL("ALTER ROLE {} RESET ALL").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("ALTER ROLE {} IN DATABASE {} RESET ALL").format(
+                sql.Identifier(role), sql.Identifier(database)))
+            conn.execute(sql.SQL("ALTER ROLE {} NOCREATEDB NOREPLICATION CONNECTION LIMIT -1"
+                                 " VALID UNTIL 'infinity'").format(sql.Identifier(role)))
+
+
+def drift_messages(alias: str | None = None) -> list[checks.CheckMessage]:
+    """What ``manage.py check --database <alias>`` says of the roles' shapes."""
+    return [m for m in checks.run_checks(databases=[alias or app_alias()])
+            if m.id in ("tenancy.E041", "tenancy.W042", "tenancy.E043", "tenancy.W044")]
+
+
+@pytest.mark.parametrize("change", list(SELF_CHANGES))
+@pytest.mark.parametrize("way", ["direct", "pooled"])
+def test_a_setting_the_web_role_gave_itself_for_good_is_an_error_of_check(change, way, request,
+                                                                        restore_roles):
+    """``manage.py check`` exited 0 after any of these; it names the role, the parameter, what
+    it breaks and the statement that puts it back, and create_roles (the fix) would."""
+    from tests.helpers import app_role, connect
+
+    parameter, statement = SELF_CHANGES[change]
+    assert drift_messages() == []
+    conn = (request.getfixturevalue("pooler").connect("default") if way == "pooled"
+            else connect(autocommit=True))
+    with conn:
+        conn.execute(statement)
+    [message] = drift_messages()
+    assert message.id == "tenancy.E041", message
+    assert f"role {app_role()} (app) has {parameter} = " in message.msg
+    assert "RESET" in message.hint and app_role() in message.hint
+    assert [m.id for m in drift_messages("system")] == ["tenancy.E041"]  # through any alias
+
+
+def test_a_tenant_for_every_session_is_an_error_of_check(restore_roles):
+    """The web role may not set a placeholder such as app.tenant_id on itself (PostgreSQL 15
+    refuses: permission denied); a superuser may, and every session then starts as that
+    tenant."""
+    import psycopg
+
+    from tests.helpers import app_role, connect, observer
+
+    with connect(autocommit=True) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute("ALTER ROLE CURRENT_USER SET app.tenant_id = '2'")
+    with observer() as conn:
+        conn.execute(f"ALTER ROLE \"{app_role()}\" SET app.tenant_id = '2'")
+    [message] = drift_messages()
+    assert message.id == "tenancy.E041" and "every session starts as that tenant" in message.msg
+
+
+def test_declared_role_settings_are_expected_and_held(settings, restore_roles):
+    """TENANCY["ROLE_SETTINGS"] says what create_roles sets: missing, it is reported; set, it
+    is not; changed by the web role (the timeouts off), it is again."""
+    from tenancy.privileges import database_name
+    from tests.helpers import app_role, connect, observer
+
+    settings.TENANCY = {**settings.TENANCY,
+                        "ROLE_SETTINGS": {"app": {"statement_timeout": "30s"}}}
+    [missing] = drift_messages()
+    assert missing.id == "tenancy.E041" and (
+        f"role {app_role()} (app) lacks statement_timeout = '30s', which create_roles sets"
+        in missing.msg)
+    with observer() as conn:
+        conn.execute(f"ALTER ROLE \"{app_role()}\" IN DATABASE \"{database_name()}\""
+                     " SET statement_timeout = '30s'")
+    assert drift_messages() == []
+    with connect(autocommit=True) as conn:  # for every database: this one's wins
+        conn.execute("ALTER ROLE CURRENT_USER SET statement_timeout = 0")
+        assert drift_messages() == []
+        conn.execute(f'ALTER ROLE CURRENT_USER IN DATABASE "{database_name()}"'
+                     " SET statement_timeout = 0")
+    [changed] = drift_messages()
+    assert "has statement_timeout = '0', where create_roles sets '30s'" in changed.msg
+    assert changed.hint.startswith(f"Run, as a superuser: ALTER ROLE \"{app_role()}\" IN "
+                                   f"DATABASE \"{database_name()}\" SET statement_timeout = "
+                                   "'30s';")
+
+
+def test_any_other_setting_is_a_warning(restore_roles):
+    from tests.helpers import connect
+
+    with connect(autocommit=True) as conn:
+        conn.execute("ALTER ROLE CURRENT_USER SET work_mem = '1GB'")
+    assert [m.id for m in drift_messages()] == ["tenancy.W042"]
+
+
+@pytest.mark.parametrize("attribute, expected", [
+    ("REPLICATION", "tenancy.E043"),
+    ("CREATEROLE", "tenancy.E043"),
+    ("CREATEDB", "tenancy.W044"),
+    ("CONNECTION LIMIT 3", "tenancy.W044"),
+    ("VALID UNTIL '2999-01-01'", "tenancy.W044"),
+])
+def test_attributes_that_differ_from_what_create_roles_makes_are_reported(attribute, expected,
+                                                                          restore_roles):
+    from tests.helpers import app_role, observer
+
+    with observer() as conn:
+        conn.execute(f'ALTER ROLE "{app_role()}" {attribute}')
+    try:
+        assert [m.id for m in drift_messages()] == [expected]
+    finally:
+        with observer() as conn:
+            conn.execute(f'ALTER ROLE "{app_role()}" NOCREATEROLE')

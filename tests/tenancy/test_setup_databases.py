@@ -63,6 +63,41 @@ def test_a_url_that_cannot_name_the_aliases_is_refused(url, message):
         databases(url)
 
 
+@pytest.mark.parametrize("query", [
+    "password=hunter2", "user=shop_owner", "dbname=other", "host=evil.example", "port=6543",
+    "hostaddr=10.0.0.1", "service=prod", "passfile=/tmp/p", "assume_role=shop_owner",
+    "options=-c%20role%3Dshop_owner", "sslmode=require&PASSWORD=hunter2",
+])
+@pytest.mark.parametrize("where", ["url", "pooled"])
+def test_credentials_and_targets_in_the_query_string_are_refused_as_in_the_address(query, where):
+    """Issue 29, item 8: the same as the netloc refuses (a user, a password), and where the
+    address and roles=... say the rest (host, port, database, a role to assume, a service)."""
+    url = f"postgres://localhost:5432/shop?{query}"
+    with pytest.raises(DatabaseURLError, match="are not options") as caught:
+        if where == "url":
+            databases(url)
+        else:
+            databases("postgres://localhost:5432/shop", pooled=url)
+    assert "hunter2" not in str(caught.value)
+
+
+def test_harmless_options_in_the_query_string_are_kept():
+    found = databases("postgres://localhost/shop?sslmode=require&connect_timeout=5"
+                      "&application_name=shop")
+    assert found["default"]["OPTIONS"] == {"sslmode": "require", "connect_timeout": "5",
+                                           "application_name": "shop"}
+
+
+def test_a_name_postgresql_would_cut_is_refused():
+    with pytest.raises(DatabaseURLError, match="over 63 bytes"):
+        databases("postgres://localhost/" + "d" * 64)
+    with pytest.raises(DatabaseURLError, match="over 63 bytes"):
+        databases("postgres://localhost/" + "d" * 58)  # d..._worker, 65 bytes
+    with pytest.raises(DatabaseURLError, match="over 63 bytes"):
+        databases("postgres://localhost/shop", roles={"app": "é" * 32})
+    assert databases("postgres://localhost/" + "d" * 56)["worker"]["USER"] == "d" * 56 + "_worker"
+
+
 def test_secrets_in_a_refused_url_are_not_repeated():
     with pytest.raises(DatabaseURLError) as caught:
         databases("postgres://shop_app:hunter2@localhost/shop")

@@ -82,8 +82,8 @@ def test_the_check_names_the_revoke_while_a_role_can_create_temporary_tables(pub
     assert [(e.id, e.msg.split("'")[1]) for e in errors] == [
         ("tenancy.E030", names["app"]), ("tenancy.E030", names["worker"])
     ]
-    fix = (f"REVOKE TEMPORARY ON DATABASE {DATABASE} FROM PUBLIC; REVOKE TEMPORARY ON DATABASE"
-           f" {DATABASE} FROM {names['app']}, {names['worker']};")
+    fix = (f'REVOKE TEMPORARY ON DATABASE "{DATABASE}" FROM PUBLIC; REVOKE TEMPORARY ON DATABASE'
+           f' "{DATABASE}" FROM "{names["app"]}", "{names["worker"]}";')
     assert all(fix in e.hint for e in errors), errors[0].hint
     # Not on the owner's alias: migrate, connected as it, runs its checks first and then
     # takes the privilege away itself.

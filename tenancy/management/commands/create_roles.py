@@ -10,8 +10,9 @@ from django_idempotency_outbox.errors import ConfigurationError
 class Command(BaseCommand):
     help = (
         "Create the four roles (owner, app, worker, system) and the database that the settings "
-        "name, from a superuser's connection; alter a role whose attributes differ from what "
-        "the design requires. Running it again changes nothing. --print shows the SQL instead. "
+        "name, from a superuser's connection; alter a role whose attributes or settings differ "
+        "from what the design requires (TENANCY[\"ROLE_SETTINGS\"]). Running it again changes "
+        "nothing. --print shows the SQL instead. "
         "No password is shown: new roles' passwords come from the settings or are written to "
         "the aliases' password file."
     )
@@ -54,7 +55,8 @@ class Command(BaseCommand):
         except psycopg.Error as exc:
             raise CommandError(str(exc).strip().splitlines()[0]) from exc
         for step in result.steps:
-            self.stdout.write(step.message)
+            if step.message:  # a difference put back by two statements says so once
+                self.stdout.write(step.message)
         for warning in result.warnings:
             self.stderr.write(f"warning: {warning}")
         if result.error:

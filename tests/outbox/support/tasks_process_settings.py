@@ -46,3 +46,5 @@ class TasksTablesOnTheOwner:
 
 if os.environ.get("DIO_TASKS_MIGRATE"):
     DATABASE_ROUTERS = [f"{__name__}.TasksTablesOnTheOwner", *DATABASE_ROUTERS]
+if os.environ.get("DIO_TASKS_NO_ROUTER"):  # the check's test: the queue on the app alias
+    DATABASE_ROUTERS = []
