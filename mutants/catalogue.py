@@ -916,9 +916,9 @@ CATALOGUE: list[Mutant] = [
     mutant(
         "context.pin-from-session", "tenancy.context",
         "the pinned search_path is derived from what the session started with, not what it was set to",
-        "tenancy/context.py",
-        '    "SET LOCAL search_path TO DEFAULT; "\n',
-        '    ""\n',
+        "tenancy/queries.sql",
+        "SET LOCAL search_path TO DEFAULT\n",
+        "SELECT 1\n",
         (TENANCY + "test_pinned_names.py",),
     ),
     # --- SQL: the policies, FORCE (tests/tenancy/test_isolation.py, test_roles.py) --------------
@@ -1235,9 +1235,9 @@ CATALOGUE: list[Mutant] = [
     mutant(
         "privileges.public-kept", "tenancy.privileges",
         "migrate takes back what PUBLIC was granted on the tables the matrix governs",
-        "tenancy/privileges.py",
-        "        public = {row[0] for row in cursor.fetchall()}",
-        "        public: set[str] = set()",
+        "tenancy/queries.sql",
+        "   AND EXISTS (SELECT FROM aclexplode(c.relacl) a WHERE a.grantee = 0)\n",
+        "   AND false\n",
         (TENANCY + "test_setup_upgrade.py",),
     ),
     mutant(

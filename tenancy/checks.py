@@ -337,7 +337,9 @@ def check_project_privileges(
     if not aliases or not role:
         return []
     from django.apps import apps
-    from django.db import connections
+
+    from tenancy.context import SQL
+    from tenancy.statements import fetch_all
 
     governed = library_apps()
     tables = sorted({
@@ -345,20 +347,8 @@ def check_project_privileges(
         if m._meta.app_label not in governed and m._meta.managed and not m._meta.proxy
     })
     try:
-        with connections[aliases[0]].cursor() as cursor:
-            cursor.execute(
-                """
-                SELECT c.relname FROM pg_class c
-                  JOIN pg_roles r ON r.rolname = %s
-                 WHERE c.relname = ANY(%s) AND c.relkind IN ('r', 'p')
-                   AND c.relnamespace = current_schema()::regnamespace
-                   AND NOT has_table_privilege(r.rolname, c.oid,
-                                               'SELECT, INSERT, UPDATE, DELETE')
-                 ORDER BY 1
-                """,
-                [role, tables],
-            )
-            bare = [row[0] for row in cursor.fetchall()]
+        bare = [row[0] for row in fetch_all(aliases[0], SQL["closed_project_tables"],
+                                            {"role": role, "tables": tables})]
     except DatabaseError:
         return []  # check_database_roles reports an alias it cannot inspect (tenancy.E010)
     if not bare:

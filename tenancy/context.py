@@ -14,9 +14,13 @@ from typing import Any
 from django.db import connections, transaction
 
 from django_idempotency_outbox.errors import ConfigurationError
+from django_idempotency_outbox.sqlfiles import queries
 from tenancy.aliases import tenant_alias
 from tenancy.backends.postgresql.base import DatabaseWrapper
 from tenancy.conf import ContextKey, tenancy_settings
+
+#: tenancy's statements, by name (tenancy/queries.sql).
+SQL = queries("tenancy")
 
 #: The PostgreSQL setting that the row-level security policies compare with.
 GUC = "app.tenant_id"
@@ -85,19 +89,6 @@ def _target(connection: Any) -> tuple[str, ...]:
     return (connection.alias, *(str(settings_dict.get(name)) for name in
                                  ("HOST", "PORT", "NAME", "USER")))
 
-#: The schemas of the search_path the session started with, whatever it has
-#: been SET to since (a session-level SET left by an earlier borrower of a
-#: pooled server session): ``TO DEFAULT`` is the value the session started
-#: with (the server's, the database's or the role's default, the startup
-#: packet's), for this transaction only. Every name is pg_catalog's,
-#: qualified, so that the session's own search_path cannot redirect this
-#: query either.
-_DEFAULT_SCHEMAS = (
-    "SET LOCAL search_path TO DEFAULT; "
-    "SELECT s FROM pg_catalog.unnest(pg_catalog.current_schemas(false)) AS s"
-)
-
-
 def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
@@ -119,10 +110,10 @@ def search_path_sql(using: str) -> str:
     and names its schemas itself.
 
     Derived once per alias (its host, port, database and role) and process,
-    from what the session started with, never from what it may have been set
-    to since (:data:`_DEFAULT_SCHEMAS`); :func:`tenant_context` sends it with the
-    tenant, :func:`idempotency.store.peek` with its lookup, and a consumer's
-    batch with the lock of its offset row: no extra round trip.
+    from what the session started with (``SET LOCAL search_path TO
+    DEFAULT``), never from what it may have been set to since. Sent with the
+    next statement: the tenant's in :func:`tenant_context`, the statement's
+    own elsewhere (:func:`tenancy.statements.execute`): no extra round trip.
 
     Raises:
         ConfigurationError: the default search_path names no schema that exists.
@@ -169,8 +160,8 @@ def _default_schemas(connection: Any) -> list[str]:
     connection.ensure_connection()
     savepoint = transaction.savepoint(using=connection.alias)
     try:
-        with connection.cursor() as cursor:
-            cursor.execute(_DEFAULT_SCHEMAS)
+        with connection.cursor() as cursor:  # one message: in autocommit, one transaction
+            cursor.execute("; ".join((SQL["default_search_path"], SQL["current_schemas"])))
             cursor.nextset()
             return [row[0] for row in cursor.fetchall()]
     finally:
@@ -211,14 +202,6 @@ def mint_token(key: ContextKey, tenant_id: int, binding: str) -> str:
     return f"{tenant}.{key.key_id}.{mac}"
 
 
-#: The binding, as tenancy_context_binding() computes it, read with names that
-#: no search_path can redirect (injected SQL may set one for the session):
-#: pg_catalog's functions, qualified (EXTRACT is always pg_catalog's), no operator.
-_BINDING = (
-    "SELECT pg_catalog.pg_backend_pid(), EXTRACT(epoch FROM pg_catalog.transaction_timestamp())"
-)
-
-
 def _binding(pid: Any, epoch: Any) -> str:
     # epoch is numeric with six decimals: exact in Decimal, as in the SQL function
     return f"{int(pid)}.{int(Decimal(str(epoch)) * 1_000_000)}"
@@ -232,7 +215,7 @@ def read_binding(connection: Any) -> str:
     so the verified mode costs no round trip more than the plain one.
     """
     with connection.cursor() as cursor:
-        cursor.execute(_BINDING)
+        cursor.execute(SQL["binding"])
         row = cursor.fetchone()
     assert row is not None  # one row
     return _binding(*row)

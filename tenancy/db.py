@@ -17,7 +17,13 @@ from django.db import connections
 from django.db.models import Model
 
 from django_idempotency_outbox.errors import ConfigurationError
+from django_idempotency_outbox.sqlfiles import queries
+from tenancy.context import pinned_schemas
 from tenancy.exceptions import CrossTenantRefused
+from tenancy.statements import fetch_all, fetch_one
+
+#: tenancy's statements, by name (tenancy/queries.sql).
+SQL = queries("tenancy")
 
 
 def library_apps() -> frozenset[str]:
@@ -56,11 +62,7 @@ def tenant_isolated_tables() -> list[str]:
 
 
 def role_facts(using: str) -> RoleFacts:
-    with connections[using].cursor() as cursor:
-        cursor.execute(
-            "SELECT rolname, rolsuper, rolbypassrls FROM pg_roles WHERE rolname = current_user"
-        )
-        name, superuser, bypassrls = cursor.fetchone()
+    name, superuser, bypassrls = fetch_one(using, SQL["role_facts"])
     return RoleFacts(name, superuser, bypassrls)
 
 
@@ -122,34 +124,8 @@ def table_facts(using: str, tables: list[str]) -> dict[str, TableFacts]:
     WITH CHECK are exactly those the migrations install (:func:`isolating`);
     restrictive policies can only narrow what the permissive ones open.
     """
-    from tenancy.context import pinned_schemas
-
     schema = pinned_schemas(using)[0]
-    with connections[using].cursor() as cursor:
-        cursor.execute(
-            """
-            SELECT c.relname,
-                   pg_has_role(current_user, c.relowner, 'MEMBER'),
-                   c.relrowsecurity,
-                   c.relforcerowsecurity,
-                   row_security_active(c.oid),
-                   n.nspname,
-                   coalesce(array_agg(p.polpermissive) FILTER (WHERE p.oid IS NOT NULL), '{}'),
-                   coalesce(array_agg(pg_get_expr(p.polqual, p.polrelid))
-                            FILTER (WHERE p.oid IS NOT NULL), '{}'),
-                   coalesce(array_agg(pg_get_expr(p.polwithcheck, p.polrelid))
-                            FILTER (WHERE p.oid IS NOT NULL), '{}')
-              FROM pg_class c
-              JOIN pg_namespace n ON n.oid = c.relnamespace
-              LEFT JOIN pg_policy p ON p.polrelid = c.oid
-             WHERE c.relname = ANY(%s)
-               AND c.relkind IN ('r', 'p')
-               AND n.nspname = %s
-             GROUP BY c.oid, n.nspname
-            """,
-            [tables, schema],
-        )
-        rows = cursor.fetchall()
+    rows = fetch_all(using, SQL["table_facts"], {"tables": tables, "schema": schema})
     governed = library_apps()
     library = {m._meta.db_table for m in tenant_isolated_models()
                if m._meta.app_label in governed}
@@ -165,18 +141,6 @@ def table_facts(using: str, tables: list[str]) -> dict[str, TableFacts]:
     return facts
 
 
-_TENANTS = """
-WITH RECURSIVE t(tenant_id) AS (
-    (SELECT tenant_id FROM {table} ORDER BY tenant_id LIMIT 1)
-    UNION ALL
-    SELECT (SELECT r.tenant_id FROM {table} r
-             WHERE r.tenant_id > t.tenant_id ORDER BY r.tenant_id LIMIT 1)
-      FROM t WHERE t.tenant_id IS NOT NULL
-)
-SELECT tenant_id FROM t WHERE tenant_id IS NOT NULL
-"""
-
-
 def tenants_with_rows(using: str, table: str) -> list[int]:
     """The distinct tenants of ``table`` (a library table), in order.
 
@@ -186,9 +150,8 @@ def tenants_with_rows(using: str, table: str) -> list[int]:
     """
     if table not in tenant_isolated_tables():
         raise ValueError(f"{table!r} is not a tenant-isolated table")
-    with connections[using].cursor() as cursor:
-        cursor.execute(_TENANTS.format(table=table))
-        return [row[0] for row in cursor.fetchall()]
+    statement = SQL["tenants_with_rows"].format(table=connections[using].ops.quote_name(table))
+    return [row[0] for row in fetch_all(using, statement)]
 
 
 def require_cross_tenant(alias: str, tables: Sequence[str], *, job: str) -> None:

@@ -24,16 +24,18 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.apps import apps
 from django.conf import settings
-from django.db import connections, transaction
+from django.db import transaction
 
+from django_idempotency_outbox.sqlfiles import queries
 from tenancy.conf import tenancy_settings
+from tenancy.statements import affected, fetch_all, fetch_one
 
-if TYPE_CHECKING:
-    from django.db.backends.utils import CursorWrapper
+#: tenancy's statements, by name (tenancy/queries.sql).
+SQL = queries("tenancy")
 
 APP, WORKER, SYSTEM = "app", "worker", "system"
 KINDS = (APP, WORKER, SYSTEM)
@@ -273,39 +275,24 @@ def _grant_lines(grant: Grant, privileges: Iterable[str]) -> list[str]:
     return lines
 
 
-def _existing(cursor: CursorWrapper, tables: Sequence[str]) -> set[str]:
-    cursor.execute(
-        "SELECT c.relname FROM pg_class c WHERE c.relname = ANY(%s)"
-        " AND c.relnamespace = current_schema()::regnamespace",
-        [list(tables)],
-    )
-    return {row[0] for row in cursor.fetchall()}
+def _existing(using: str, tables: Sequence[str]) -> set[str]:
+    return {row[0] for row in fetch_all(using, SQL["existing_tables"], {"tables": list(tables)})}
 
 
-def _present(cursor: CursorWrapper, names: dict[str, str]) -> dict[str, str]:
+def _present(using: str, names: dict[str, str]) -> dict[str, str]:
     """``names`` without the roles that do not exist (the check reports those)."""
-    cursor.execute("SELECT rolname FROM pg_roles WHERE rolname = ANY(%s)",
-                   [sorted(set(names.values()))])
-    present = {row[0] for row in cursor.fetchall()}
+    found = fetch_all(using, SQL["existing_roles"], {"roles": sorted(set(names.values()))})
+    present = {row[0] for row in found}
     return {kind: role for kind, role in names.items() if role in present}
 
 
-def _held(
-    cursor: CursorWrapper, tables: Iterable[str], roles: Iterable[str]
-) -> set[tuple[str, str, str]]:
+def _held(using: str, tables: Iterable[str], roles: Iterable[str]) -> set[tuple[str, str, str]]:
     """(table, role, privilege) for each effective privilege (own, inherited or PUBLIC's)."""
-    cursor.execute(
-        """
-        SELECT t.tbl, r.rolname, p.priv,
-               has_table_privilege(r.rolname,
-                                   format('%%I.%%I', current_schema(), t.tbl), p.priv)
-          FROM unnest(%s::text[]) AS t(tbl)
-         CROSS JOIN unnest(%s::text[]) AS p(priv)
-          JOIN pg_roles r ON r.rolname = ANY(%s)
-        """,
-        [sorted(set(tables)), list(TABLE_PRIVILEGES), sorted(set(roles))],
-    )
-    return {(t, r, p) for t, r, p, has in cursor.fetchall() if has}
+    found = fetch_all(using, SQL["held_privileges"], {
+        "tables": sorted(set(tables)), "privileges": list(TABLE_PRIVILEGES),
+        "roles": sorted(set(roles)),
+    })
+    return {(t, r, p) for t, r, p, has in found if has}
 
 
 def owns_tables(using: str, app_labels: Iterable[str] | None = None) -> bool:
@@ -313,14 +300,7 @@ def owns_tables(using: str, app_labels: Iterable[str] | None = None) -> bool:
     tables = [g.table for g in grants(app_labels)]
     if not tables:
         return False
-    with connections[using].cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*), coalesce(bool_and(pg_has_role(current_user, c.relowner, 'USAGE')),"
-            " false) FROM pg_class c WHERE c.relname = ANY(%s)"
-            " AND c.relnamespace = current_schema()::regnamespace",
-            [tables],
-        )
-        count, owned = cursor.fetchone()
+    count, owned = fetch_one(using, SQL["owns_tables"], {"tables": tables})
     return bool(count) and bool(owned)
 
 
@@ -337,35 +317,25 @@ def apply(using: str, app_labels: Iterable[str] | None = None) -> list[str]:
     """
     labels = None if app_labels is None else list(app_labels)
     run: list[str] = []
-    with transaction.atomic(using=using), connections[using].cursor() as cursor:
-        cursor.execute("SELECT current_schema()")
-        schema = cursor.fetchone()[0]
-        names = _present(cursor, role_names())
+    with transaction.atomic(using=using):
+        schema = fetch_one(using, SQL["current_schema"])[0]
+        names = _present(using, role_names())
         found = grants(labels, names)
-        existing = _existing(cursor, [g.table for g in found])
+        existing = _existing(using, [g.table for g in found])
         found = [g for g in found if g.table in existing]
         if not found:
             return run
-        cursor.execute(
-            "SELECT r.rolname FROM pg_roles r WHERE r.rolname = ANY(%s)"
-            " AND NOT has_schema_privilege(r.rolname, current_schema(), 'USAGE')",
-            [sorted(set(names.values()))],
-        )
         todo = []
-        lacking = sorted(row[0] for row in cursor.fetchall())
+        lacking = sorted(row[0] for row in fetch_all(
+            using, SQL["roles_without_schema_usage"], {"roles": sorted(set(names.values()))}))
         if lacking:
             todo.append(f"GRANT USAGE ON SCHEMA {quote(schema)} "
                         f"TO {', '.join(quote(r) for r in lacking)};")
         exact = sorted({g.table for g in found if g.revoke_first})
-        cursor.execute(
-            "SELECT c.relname FROM pg_class c WHERE c.relname = ANY(%s)"
-            " AND c.relnamespace = current_schema()::regnamespace"
-            " AND EXISTS (SELECT FROM aclexplode(c.relacl) a WHERE a.grantee = 0)",
-            [exact],
-        )
-        public = {row[0] for row in cursor.fetchall()}
+        public = {row[0] for row in fetch_all(using, SQL["tables_open_to_public"],
+                                               {"tables": exact})}
         todo.extend(f"REVOKE ALL ON {quote(table)} FROM PUBLIC;" for table in sorted(public))
-        held = _held(cursor, existing, names.values())
+        held = _held(using, existing, names.values())
         for grant in found:
             has = {p for p in TABLE_PRIVILEGES if (grant.table, grant.role, p) in held}
             if grant.revoke_first and (has != set(grant.privileges) or grant.table in public):
@@ -373,7 +343,7 @@ def apply(using: str, app_labels: Iterable[str] | None = None) -> list[str]:
             elif not grant.revoke_first and set(grant.privileges) - has:
                 todo.extend(_grant_lines(grant, set(grant.privileges) - has))
         for statement in todo:
-            cursor.execute(statement)
+            affected(using, statement)
             run.append(statement)
     return run
 
@@ -407,10 +377,9 @@ def compare(using: str) -> list[Finding]:
     found = grants(None, names)
     if not found:
         return []
-    with connections[using].cursor() as cursor:
-        existing = _existing(cursor, [g.table for g in found])
-        held = _held(cursor, existing, names.values())
-        present = set(_present(cursor, names).values())
+    existing = _existing(using, [g.table for g in found])
+    held = _held(using, existing, names.values())
+    present = set(_present(using, names).values())
     findings: list[Finding] = []
     for grant in found:
         if grant.table not in existing or grant.role not in present:
@@ -507,25 +476,15 @@ def temporary_holders(using: str) -> list[tuple[str, str]]:
     names = {k: r for k, r in role_names().items() if k in NO_TEMPORARY}
     if not names:
         return []
-    with connections[using].cursor() as cursor:
-        cursor.execute(
-            "SELECT r.rolname FROM pg_roles r WHERE r.rolname = ANY(%s)"
-            " AND has_database_privilege(r.oid, current_database(), 'TEMPORARY')",
-            [sorted(set(names.values()))],
-        )
-        holding = {row[0] for row in cursor.fetchall()}
+    holding = {row[0] for row in fetch_all(using, SQL["temporary_holders"],
+                                           {"roles": sorted(set(names.values()))})}
     return [(kind, role) for kind, role in names.items() if role in holding]
 
 
 def owns_database(using: str) -> bool:
     """Whether ``using``'s role may revoke on its database (its owner, a member of it, or a
     superuser)."""
-    with connections[using].cursor() as cursor:
-        cursor.execute(
-            "SELECT pg_has_role(current_user, d.datdba, 'USAGE') FROM pg_database d"
-            " WHERE d.datname = current_database()"
-        )
-        row = cursor.fetchone()
+    row = fetch_one(using, SQL["owns_database"])
     return bool(row and row[0])
 
 
@@ -541,13 +500,10 @@ def apply_database(using: str) -> list[str] | None:
         return []
     if not owns_database(using):
         return None
-    with connections[using].cursor() as cursor:
-        cursor.execute("SELECT current_database()")
-        database = cursor.fetchone()[0]
-    run = database_statements(database)
-    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+    run = database_statements(fetch_one(using, SQL["current_database"])[0])
+    with transaction.atomic(using=using):
         for statement in run:
-            cursor.execute(statement)
+            affected(using, statement)
     return run
 
 

@@ -35,6 +35,7 @@ from typing import Any
 from django.conf import settings
 
 from django_idempotency_outbox.errors import ConfigurationError
+from django_idempotency_outbox.sqlfiles import queries
 from tenancy.layout import MAX_NAME_BYTES
 from tenancy.privileges import quote, role_names
 
@@ -301,15 +302,12 @@ def role_drift(using: str) -> list[Drift]:
     """How the app, worker and system roles named in settings differ from what create_roles
     makes, as seen through ``using`` (any alias: the catalogs are readable by every role).
     A role that does not exist is left out."""
-    from django.db import connections
-
-    from django_idempotency_outbox.sqlfiles import queries
+    from tenancy.context import SQL
+    from tenancy.statements import fetch_all
 
     names = role_names()
-    with connections[using].cursor() as cursor:
-        cursor.execute(queries("tenancy")["role_shapes"],
-                       {"roles": sorted(set(names.values())), "database": None})
-        found = shapes(cursor.fetchall())
+    found = shapes(fetch_all(using, SQL["role_shapes"],
+                             {"roles": sorted(set(names.values())), "database": None}))
     return [d for kind, role in names.items() if role in found
             for d in drift(kind, role, found[role])]
 
@@ -578,9 +576,7 @@ def superuser_connection(goal: Target, url: str | None) -> Any:
     else:
         conn = psycopg.connect(host=goal.host or None, port=goal.port or None,
                                user="postgres", dbname="postgres", autocommit=True)
-    row = conn.execute(
-        "SELECT rolname, rolsuper FROM pg_roles WHERE rolname = current_user"
-    ).fetchone()
+    row = conn.execute(queries("tenancy")["superuser_role"]).fetchone()
     if not row or not row[1]:
         conn.close()
         raise ConfigurationError(
@@ -592,21 +588,15 @@ def superuser_connection(goal: Target, url: str | None) -> Any:
 
 def provision(goal: Target, conn: Any) -> Plan:
     """Look at the server, then create or alter what differs from ``goal``; return the plan run."""
-    from django_idempotency_outbox.sqlfiles import queries
-
     shaped = shapes(conn.execute(
         queries("tenancy")["role_shapes"],
         {"roles": list(goal.roles.values()), "database": goal.database},
     ).fetchall())
     roles = {role: shape.attributes for role, shape in shaped.items()}
     members = [row[0] for row in conn.execute(
-        "SELECT u.rolname FROM pg_auth_members m JOIN pg_roles o ON o.oid = m.roleid"
-        " JOIN pg_roles u ON u.oid = m.member WHERE o.rolname = %s",
-        [goal.roles["owner"]],
-    ).fetchall()]
+        queries("tenancy")["members_of"], {"role": goal.roles["owner"]}).fetchall()]
     database = conn.execute(
-        "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = %s", [goal.database]
-    ).fetchone()
+        queries("tenancy")["database_owner"], {"database": goal.database}).fetchone()
     result = plan(goal, roles, members, database[0] if database else None,
                   database is not None, _password_source(goal), _known_password(goal), shaped)
     if result.error:

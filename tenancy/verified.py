@@ -15,16 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, connections, transaction
 
 from django_idempotency_outbox.errors import ConfigurationError
 from tenancy.conf import ContextKey, tenancy_settings
-from tenancy.context import TOKEN_GUC, mint_token, read_binding
-
-if TYPE_CHECKING:
-    from django.db.backends.utils import CursorWrapper
+from tenancy.context import SQL, TOKEN_GUC, mint_token, read_binding
+from tenancy.statements import affected, fetch_all, fetch_one
 
 #: The two definitions of tenancy_current_tenant(); {schema} is quoted.
 _PLAIN = """
@@ -61,9 +58,8 @@ class Status:
     keys: list[InstalledKey]
 
 
-def _quoted_schema(cursor: CursorWrapper) -> str:
-    cursor.execute("SELECT quote_ident(current_schema())")
-    return str(cursor.fetchone()[0])
+def _quoted_schema(using: str) -> str:
+    return str(fetch_one(using, SQL["quoted_schema"])[0])
 
 
 def database_mode(using: str) -> str | None:
@@ -71,12 +67,7 @@ def database_mode(using: str) -> str | None:
 
     Any role may ask: it reads the function's definition from the catalog.
     """
-    with connections[using].cursor() as cursor:
-        cursor.execute(
-            "SELECT p.prosrc FROM pg_proc AS p WHERE p.proname = 'tenancy_current_tenant'"
-            " AND p.pronamespace = current_schema()::regnamespace"
-        )
-        row = cursor.fetchone()
+    row = fetch_one(using, SQL["database_mode"])
     if row is None:
         return None
     return "verified" if "tenancy_verified_tenant" in row[0] else "plain"
@@ -84,12 +75,9 @@ def database_mode(using: str) -> str | None:
 
 def readable_keys(using: str) -> int:
     """How many keys the role of ``using`` can read (0 unless something is wrong)."""
-    with connections[using].cursor() as cursor:
-        cursor.execute("SELECT has_table_privilege('tenancy_context_keys', 'SELECT')")
-        if not cursor.fetchone()[0]:
-            return 0
-        cursor.execute("SELECT count(*) FROM tenancy_context_keys")
-        return int(cursor.fetchone()[0])
+    if not fetch_one(using, SQL["keys_readable"])[0]:
+        return 0
+    return int(fetch_one(using, SQL["count_keys"])[0])
 
 
 def status(using: str) -> Status:
@@ -98,11 +86,7 @@ def status(using: str) -> Status:
     if mode is None:
         return Status(migrated=False, verified=False, keys=[])
     _require_owner(using, "listing the keys")
-    with connections[using].cursor() as cursor:
-        cursor.execute(
-            "SELECT key_id, installed_at FROM tenancy_context_keys ORDER BY installed_at, key_id"
-        )
-        keys = [InstalledKey(*row) for row in cursor.fetchall()]
+    keys = [InstalledKey(*row) for row in fetch_all(using, SQL["installed_keys"])]
     return Status(migrated=True, verified=mode == "verified", keys=keys)
 
 
@@ -114,26 +98,16 @@ def accepts(using: str, key: ContextKey) -> bool:
     from any role.
     """
     with transaction.atomic(using=using):
-        connection = connections[using]
-        token = mint_token(key, _PROBE_TENANT, read_binding(connection))
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT set_config(%s, %s, true), tenancy_verified_tenant()", [TOKEN_GUC, token]
-            )
-            tenant: int | None = cursor.fetchone()[1]
-            verified = tenant == _PROBE_TENANT
+        token = mint_token(key, _PROBE_TENANT, read_binding(connections[using]))
+        tenant: int | None = fetch_one(using, SQL["verify_token"],
+                                       {"guc": TOKEN_GUC, "token": token})[1]
+        verified = tenant == _PROBE_TENANT
         transaction.set_rollback(True, using=using)
     return verified
 
 
 def _require_owner(using: str, doing: str) -> None:
-    with connections[using].cursor() as cursor:
-        cursor.execute(
-            "SELECT pg_has_role(current_user, p.proowner, 'USAGE'), current_user"
-            "  FROM pg_proc AS p WHERE p.proname = 'tenancy_current_tenant'"
-            "   AND p.pronamespace = current_schema()::regnamespace"
-        )
-        row = cursor.fetchone()
+    row = fetch_one(using, SQL["owner_of_functions"])
     if row is None:
         raise ConfigurationError(
             f"tenancy_current_tenant() does not exist on {using!r}: run manage.py migrate"
@@ -164,20 +138,11 @@ def add_key(using: str, key: ContextKey) -> bool:
     """
     _require_owner(using, "installing a key")
     inner, outer = key.pads()
-    with transaction.atomic(using=using), connections[using].cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO tenancy_context_keys (key_id, inner_pad, outer_pad) VALUES (%s, %s, %s)"
-            " ON CONFLICT (key_id) DO NOTHING RETURNING key_id",
-            [key.key_id, inner, outer],
-        )
-        if cursor.fetchone() is not None:
+    params = {"key_id": key.key_id, "inner": inner, "outer": outer}
+    with transaction.atomic(using=using):
+        if fetch_one(using, SQL["add_key"], params) is not None:
             return True
-        cursor.execute(
-            "SELECT inner_pad = %s AND outer_pad = %s FROM tenancy_context_keys"
-            " WHERE key_id = %s",
-            [inner, outer, key.key_id],
-        )
-        if not cursor.fetchone()[0]:
+        if not fetch_one(using, SQL["same_key"], params)[0]:
             raise ConfigurationError(
                 f"A different key is installed under the id {key.key_id!r}: give the new key "
                 "an id of its own (keys are never replaced in place, docs/roles.md)."
@@ -200,9 +165,8 @@ def remove_key(using: str, key_id: str) -> None:
             "mode is on: every request would lose its tenant. Sign with the new key first "
             "(docs/roles.md, rotating keys)."
         )
-    with transaction.atomic(using=using), connections[using].cursor() as cursor:
-        cursor.execute("DELETE FROM tenancy_context_keys WHERE key_id = %s", [key_id])
-        if cursor.rowcount == 0:
+    with transaction.atomic(using=using):
+        if not affected(using, SQL["remove_key"], {"key_id": key_id}):
             raise ConfigurationError(f"No key {key_id!r} is installed.")
 
 
@@ -230,7 +194,7 @@ def disable(using: str) -> None:
 
 def _define(using: str, template: str) -> None:
     try:
-        with transaction.atomic(using=using), connections[using].cursor() as cursor:
-            cursor.execute(template.format(schema=_quoted_schema(cursor)))
+        with transaction.atomic(using=using):
+            affected(using, template.format(schema=_quoted_schema(using)))
     except DatabaseError as exc:
         raise ConfigurationError(f"Could not redefine tenancy_current_tenant(): {exc}") from exc
