@@ -13,9 +13,8 @@ Measures, against the private PostgreSQL and Redis of scripts/services:
    messages pushed again, pre-built, 1,000 per LPUSH: what no relay can beat);
    and, with ``--brokers redis,rabbitmq`` (the default when ``DIO_AMQP_URL``
    is set, as ``make bench-outbox`` does), the same relay into RabbitMQ with
-   publisher confirms (each batch confirmed whole), and through ``send_task``
-   (kombu's ``confirm_publish``: one confirm round trip per message), side by
-   side; then publishing: ``outbox.publish()`` against a plain INSERT of the
+   publisher confirms (each batch confirmed whole), side by side; then
+   publishing: ``outbox.publish()`` against a plain INSERT of the
    same row into a table with the same columns and indexes but no trigger,
    100 per transaction, in interleaved rounds;
 2. in-database consumer throughput with a no-op handler (10 tenants interleaved);
@@ -247,11 +246,10 @@ class Arrivals(threading.Thread):
         self.join(10)
 
 
-def bench_relay(count: int, *, signed: bool = False, on: str = "redis",
-                send_task: bool = False) -> tuple[float, float]:
+def bench_relay(count: int, *, signed: bool = False, on: str = "redis") -> tuple[float, float]:
     """Messages/s, and the relay's own CPU time per message in µs (steadier on a busy machine)."""
     keys = ["bench-signing-key-of-at-least-32-bytes-0123456789"] if signed else []
-    outbox = {**settings.OUTBOX, "SIGNING_KEYS": keys, "CELERY_SEND_TASK": send_task}
+    outbox = {**settings.OUTBOX, "SIGNING_KEYS": keys}
     if on == "rabbitmq":
         outbox["CELERY_APP"] = amqp_app()
     with override_settings(OUTBOX=outbox):
@@ -705,11 +703,6 @@ def main() -> None:
             log(f"relay -> RabbitMQ (Celery transport, each batch confirmed): {amqp:,.0f} "
                 f"messages/s, relay CPU {amqp_cpu:.1f} µs per message ({args.messages:,} "
                 f"messages; {amqp / rate:.2f} x the relay into Redis)")
-            few = max(args.messages // 10, 1000)
-            one, one_cpu = bench_relay(few, on="rabbitmq", send_task=True)
-            log(f"... through send_task, a confirm per message (kombu's confirm_publish): "
-                f"{one:,.0f} messages/s, relay CPU {one_cpu:.1f} µs per message "
-                f"({few:,} messages; {one / amqp:.2f} x the batch-confirmed relay)")
         rate = bench_consumer(args.messages)
         log(f"consumer, no-op handler:           {rate:,.0f} messages/s "
             f"({args.messages:,} messages, {TENANTS} tenants; target >= 10,000)")
