@@ -347,20 +347,27 @@ CATALOGUE: list[Mutant] = [
     mutant(
         "fence.open-publisher-passed", "outbox.fence",
         "no committed message is skipped: a tenant with a publisher in flight is read only up to its bound",
-        "outbox/sql/0008_tenant_fence.sql",
-        "                  WHERE m.id > after AND m.id <= last_handed_out\n"
-        "                    AND (NOT anyone_waiting\n",
-        "                  WHERE m.id > after AND m.id <= last_handed_out\n"
-        "                    AND (TRUE\n",
+        "outbox/sql/0012_one_scan_read.sql",
+        "           AND (NOT anyone_waiting\n",
+        "           AND (TRUE\n",
         (OUTBOX + "test_ordering.py", OUTBOX + "test_fence.py"),
     ),
     mutant(
         "fence.held-tenant-never-caught-up", "outbox.fence",
         "a held tenant's messages are read once its publisher has ended",
-        "outbox/sql/0008_tenant_fence.sql",
-        "                           AND m.id > h.upto::bigint AND m.id <= caught_up_to",
-        "                           AND m.id > h.upto::bigint AND m.id <= h.upto::bigint",
+        "outbox/sql/0012_one_scan_read.sql",
+        "           AND (m.id > after OR m.id > (held ->> m.tenant_id::text)::bigint)",
+        "           AND m.id > after",
         (OUTBOX + "test_fence.py",),
+    ),
+    mutant(
+        "fence.held-at-bound-scanned", "outbox.fence",
+        "a tenant held at an open publisher's bound costs a read nothing",
+        "outbox/sql/0012_one_scan_read.sql",
+        "     WHERE h.upto::bigint < least(last_handed_out,\n"
+        "                                  coalesce((waiting ->> h.tenant)::bigint, last_handed_out));",
+        "     WHERE h.upto::bigint < last_handed_out;",
+        (OUTBOX + "test_read_cost.py",),
     ),
     mutant(
         "fence.session-locks-trusted", "outbox.fence",
