@@ -361,6 +361,14 @@ CATALOGUE: list[Mutant] = [
         (OUTBOX + "test_fence.py",),
     ),
     mutant(
+        "status.backlog-counted-whole", "outbox.observation",
+        "a reader's backlog past 10,000 messages is read from the ids, not counted",
+        "outbox/queries.sql",
+        "       (SELECT CASE WHEN count(*) > 10000 THEN outbox_last_id_v2() - o.last_id\n",
+        "       (SELECT CASE WHEN false THEN outbox_last_id_v2() - o.last_id\n",
+        (OUTBOX + "test_backlog_counts.py",),
+    ),
+    mutant(
         "fence.held-at-bound-scanned", "outbox.fence",
         "a tenant held at an open publisher's bound costs a read nothing",
         "outbox/sql/0012_one_scan_read.sql",

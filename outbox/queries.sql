@@ -222,14 +222,22 @@ DELETE FROM outbox_received
 -- Status: per reader, along the delivery index and the held tenants'
 -- (tenant_id, id) ranges, the committed messages it has not passed, the first
 -- of them in delivery order (its age by the database clock, and its tenant),
--- the head's failure, and the lease by the database clock.
+-- the head's failure, and the lease by the database clock. The messages not
+-- passed are counted up to 10,000 per range, so that a check costs the same
+-- whatever the backlog; past that, the ids handed out since the position (rolled-back ones
+-- too: never fewer than the messages).
 -- Across tenants: status and health (the system role): every reader's place in
 -- the one delivery order.
 SELECT o.name, o.partition, o.partition_count, o.last_id, o.held::text,
-       (SELECT count(*) FROM outbox_messages AS m WHERE m.id > o.last_id)
-         + coalesce((SELECT sum((SELECT count(*) FROM outbox_messages AS m
-                                  WHERE m.tenant_id = h.tenant::bigint
-                                    AND m.id > h.upto::bigint AND m.id <= o.last_id))
+       (SELECT CASE WHEN count(*) > 10000 THEN outbox_last_id_v2() - o.last_id
+                    ELSE count(*) END
+          FROM (SELECT FROM outbox_messages AS m WHERE m.id > o.last_id LIMIT 10001) AS c)
+         + coalesce((SELECT sum((SELECT CASE WHEN count(*) > 10000
+                                             THEN o.last_id - h.upto::bigint ELSE count(*) END
+                                  FROM (SELECT FROM outbox_messages AS m
+                                         WHERE m.tenant_id = h.tenant::bigint
+                                           AND m.id > h.upto::bigint AND m.id <= o.last_id
+                                         LIMIT 10001) AS c))
                        FROM jsonb_each_text(o.held) AS h(tenant, upto)), 0),
        now() - first.created_at, first.tenant_id,
        now() - o.last_processed_at, o.attempts, f.error, f.tenant_id,
@@ -296,12 +304,18 @@ SELECT p.pid, p.tenants, p.any_tenant, p.bound,
 -- name: count_waiting
 -- Status: the committed messages above the lowest bound of a publisher for any
 -- tenant (if one is in flight), and, below it, per tenant held back, those
--- above the lowest bound naming it, along (tenant_id, id).
+-- above the lowest bound naming it, along (tenant_id, id); each range counted
+-- up to 10,000, then by the ids handed out in it, as reader_states does.
 -- Across tenants: status (the system role): what every publisher in flight holds back.
-SELECT (SELECT count(*) FROM outbox_messages AS m WHERE m.id > %(everyone)s)
-       + coalesce(sum((SELECT count(*) FROM outbox_messages AS m
-                        WHERE m.tenant_id = w.tenant AND m.id > w.bound
-                          AND m.id <= %(everyone)s)), 0)
+SELECT (SELECT CASE WHEN count(*) > 10000 THEN outbox_last_id_v2() - %(everyone)s
+                    ELSE count(*) END
+          FROM (SELECT FROM outbox_messages AS m WHERE m.id > %(everyone)s LIMIT 10001) AS c)
+       + coalesce(sum((SELECT CASE WHEN count(*) > 10000
+                                   THEN least(%(everyone)s, outbox_last_id_v2()) - w.bound
+                                   ELSE count(*) END
+                         FROM (SELECT FROM outbox_messages AS m
+                                WHERE m.tenant_id = w.tenant AND m.id > w.bound
+                                  AND m.id <= %(everyone)s LIMIT 10001) AS c)), 0)
   FROM unnest(%(tenants)s::bigint[], %(bounds)s::bigint[]) AS w(tenant, bound)
 
 -- name: record_received
