@@ -34,6 +34,6 @@ It is not a Django app and imports no model.
 
 from django_idempotency_outbox.errors import ConfigurationError, IdempotencyOutboxError
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = ["ConfigurationError", "IdempotencyOutboxError", "__version__"]
