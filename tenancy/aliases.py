@@ -47,20 +47,22 @@ def app_alias(using: str | None = None) -> str:
     return using or tenancy_settings.APP_DATABASE
 
 
+def _configured(alias: str, needed_for: str) -> str:
+    if alias not in settings.DATABASES:
+        raise ConfigurationError(
+            f"Database alias {alias!r} is not configured: {needed_for} (docs/roles.md).")
+    return alias
+
+
 def worker_alias(using: str | None = None) -> str:
     """The alias of the workers' role (consumers, relays), under row-level security.
 
     Raises:
         ConfigurationError: the alias is not in ``DATABASES``.
     """
-    alias = using or tenancy_settings.WORKER_DATABASE
-    if alias not in settings.DATABASES:
-        raise ConfigurationError(
-            f"Database alias {alias!r} is not configured: consumers and relays keep their "
-            "offsets through a connection as the worker role (TENANCY[\"WORKER_DATABASE\"], "
-            "docs/roles.md)."
-        )
-    return alias
+    return _configured(using or tenancy_settings.WORKER_DATABASE,
+                       "consumers and relays keep their offsets through a connection as the "
+                       'worker role (TENANCY["WORKER_DATABASE"])')
 
 
 def system_alias(using: str | None = None) -> str:
@@ -69,14 +71,9 @@ def system_alias(using: str | None = None) -> str:
     Raises:
         ConfigurationError: the alias is not in ``DATABASES``.
     """
-    alias = using or tenancy_settings.SYSTEM_DATABASE
-    if alias not in settings.DATABASES:
-        raise ConfigurationError(
-            f"Database alias {alias!r} is not configured: cross-tenant work (reaping, "
-            "relaying, reading the outbox) needs a connection as the system role "
-            '(TENANCY["SYSTEM_DATABASE"], docs/roles.md).'
-        )
-    return alias
+    return _configured(using or tenancy_settings.SYSTEM_DATABASE,
+                       "cross-tenant work (reaping, relaying, reading the outbox) needs a "
+                       'connection as the system role (TENANCY["SYSTEM_DATABASE"])')
 
 
 def admin_alias(using: str | None = None) -> str:
@@ -92,12 +89,8 @@ def admin_alias(using: str | None = None) -> str:
     alias = using or tenancy_settings.ADMIN_DATABASE
     if alias is None:
         return system_alias()
-    if alias not in settings.DATABASES:
-        raise ConfigurationError(
-            f"Database alias {alias!r} is not configured: the admin's lists and the metrics' "
-            'gauges read through it (TENANCY["ADMIN_DATABASE"], docs/settings.md).'
-        )
-    return alias
+    return _configured(alias, "the admin's lists and the metrics' gauges read through it "
+                              '(TENANCY["ADMIN_DATABASE"])')
 
 
 def tenant_alias(using: str | None = None) -> str:

@@ -414,6 +414,8 @@ def check_policy_declarations(app_configs: Any = None, **kwargs: Any) -> list[ch
                 id="tenancy.E029",
             ))
     return errors
+
+
 def check_temporary(
     app_configs: Any = None, databases: Sequence[str] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
