@@ -1594,4 +1594,98 @@ CATALOGUE: list[Mutant] = [
         (IDEM + "test_handler_savepoint.py::test_a_wrapper_that_changes_the_savepoints_text_still"
          "_leaves_the_lock_outside_it",),
     ),
+    # --- issue 31: the claims without a proof (the `claims` stream) ---------------------------
+    mutant(
+        "references.plain-constraint", "tenancy.references",
+        "a TenantForeignKey's constraint includes tenant_id: a tenant cannot refer to another "
+        "tenant's row, and learns nothing of which ids exist",
+        "tenancy/references.py",
+        '''            f" FOREIGN KEY ({q(TENANT_COLUMN)}, {q(field.column)})"  # type: ignore[union-attr]
+            f" REFERENCES {q(target.db_table)}"
+            f" ({q(TENANT_COLUMN)}, {q(field.target_field.column)})"  # type: ignore[union-attr]''',
+        '''            f" FOREIGN KEY ({q(field.column)})"  # type: ignore[union-attr]
+            f" REFERENCES {q(target.db_table)}"
+            f" ({q(field.target_field.column)})"  # type: ignore[union-attr]''',
+        (TENANCY + "test_references.py",),
+    ),
+    mutant(
+        "references.django-constraint-kept", "tenancy.references",
+        "a TenantForeignKey has no constraint on its column alone (checked across tenants)",
+        "tenancy/references.py",
+        '''        kwargs["db_constraint"] = False  # the composite TenantReference takes its place''',
+        '''        kwargs.setdefault("db_constraint", True)''',
+        (TENANCY + "test_references.py",),
+    ),
+    mutant(
+        "references.key-dropped-first", "tenancy.references",
+        "a migration that drops the last reference to a model drops its key after the reference",
+        "tenancy/references.py",
+        '''        schema_editor.deferred_sql.append(super().remove_sql(model, schema_editor))
+        return ""''',
+        '''        return super().remove_sql(model, schema_editor)''',
+        (TENANCY + "test_references.py::test_dropping_the_last_reference_drops_the_key_after_it",),
+    ),
+    mutant(
+        "references.other-app-first", "tenancy.references",
+        "a reference to another app's model waits for the migration that adds that model's key",
+        "tenancy/references.py",
+        "                        migration.dependencies.append(needed)",
+        "                        pass",
+        (TENANCY + "test_references.py::test_a_reference_to_another_apps_model_waits_for_the"
+         "_migration_that_adds_its_key",),
+    ),
+    mutant(
+        "references.W040-missing", "tenancy.references",
+        "check warns about a plain foreign key between tenant-isolated models (tenancy.W040)",
+        "tenancy/references.py",
+        "            if declares_policy(model) and _tenant_isolated(target) and _has_tenant(target):",
+        "            if False:",
+        (TENANCY + "test_references.py",),
+    ),
+    mutant(
+        "environment.W042-missing", "tenancy.environment",
+        "check names an exported PGPASSWORD that shadows the aliases' password file (tenancy.W042)",
+        "tenancy/environment.py",
+        '''    if not os.environ.get("PGPASSWORD"):''',
+        '''    if True:''',
+        (TENANCY + "test_environment.py",),
+    ),
+    mutant(
+        "consumers.rls-bound-system-alias-used", "outbox.consumers",
+        "run_consumers refuses, in one line, a system alias that row-level security confines",
+        "outbox/consumers.py",
+        "    require_cross_tenant_reader(system_alias())\n    for consumer in consumers:",
+        "    for consumer in consumers:",
+        (OUTBOX + "test_consumers.py::test_run_consumers_refuses_a_system_alias_confined_by_rls"
+         "_and_handles_nothing",),
+    ),
+    mutant(
+        "completer.rls-bound-alias-used", "idempotency.completer",
+        "complete_idempotency_keys refuses, in one line, an alias that row-level security confines",
+        "idempotency/completer.py",
+        '''    require_cross_tenant(alias, ["idempotency_keys"], job="the completer")\n''',
+        "",
+        (IDEM + "test_completer.py::test_the_command_refuses_an_alias_confined_by_rls_and"
+         "_completes_nothing",),
+    ),
+    mutant(
+        "health.failing-head-unexplained", "outbox.health",
+        "outbox_health says when a reader's head message keeps failing",
+        "outbox/health.py",
+        "    if reader.attempts:\n",
+        "    if False:\n",
+        (OUTBOX + "test_health.py::test_a_head_message_that_keeps_failing_is_named_as_what_holds"
+         "_the_consumer",),
+    ),
+    mutant(
+        "transports.first-trace-for-all", "outbox.transports",
+        "while tracing is on, each message relayed to Redis carries its own trace context",
+        "outbox/transports.py",
+        "            if trace:\n                headers.update(item.trace_headers())\n"
+        "            body = f\"[[{item.as_json(json_dumps)}],{json_dumps(kwargs)}",
+        "            if trace:\n                headers.update(items[0].trace_headers())\n"
+        "            body = f\"[[{item.as_json(json_dumps)}],{json_dumps(kwargs)}",
+        ("tests/shared/test_tracing.py::test_the_trace_reaches_a_celery_receiver_through_the_task"
+         "_headers",),
+    ),
 ]
