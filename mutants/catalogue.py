@@ -1688,4 +1688,62 @@ CATALOGUE: list[Mutant] = [
         ("tests/shared/test_tracing.py::test_the_trace_reaches_a_celery_receiver_through_the_task"
          "_headers",),
     ),
+    mutant(
+        "loops.database-pause-fixed", "outbox.loops",
+        "a loop that lost the database retries after 1 s, doubled up to 30 s",
+        "outbox/loops.py",
+        "            pause = backoff(failures, DATABASE_BACKOFF, MAX_DATABASE_BACKOFF)",
+        "            pause = DATABASE_BACKOFF",
+        (OUTBOX + "test_backoff.py",),
+    ),
+    mutant(
+        "relay.broker-pause-fixed", "outbox.relay",
+        "a relay whose broker fails retries after 0.5 s, doubled up to 30 s",
+        "outbox/relay.py",
+        "            pause = backoff(\n                self._broker_failures,\n"
+        "                BROKER_BACKOFF,\n                BROKER_BACKOFF_MAX,\n            )",
+        "            pause = BROKER_BACKOFF",
+        (OUTBOX + "test_backoff.py",),
+    ),
+    mutant(
+        "consumers.lost-batch-counted-as-failure", "outbox.consumers",
+        "a consumer loop whose connection is cut inside a batch reconnects and runs the batch "
+        "again (the cut is not the message's failed attempt)",
+        "outbox/consumers.py",
+        "    except Exception as exc:\n        _raise_if_lost(alias, exc)\n",
+        "    except Exception:\n        pass\n",
+        (OUTBOX + "test_processes.py::test_the_consumer_loop_survives_losing_the_database_and"
+         "_stops_on_sigterm",),
+        more=(Edit("outbox/consumers.py",
+                   "            _raise_if_lost(alias, exc)\n            return index, (message, exc)",
+                   "            return index, (message, exc)"),),
+    ),
+    mutant(
+        "consumers.vanished-host-unwatched", "outbox.consumers",
+        "PostgreSQL ends the session of a consumer whose host vanished mid-batch after about "
+        "lost_after (3 s), releasing its partition",
+        "outbox/consumers.py",
+        "partition, lost_after=consumer.lost_after)",
+        "partition, lost_after=0)",
+        (OUTBOX + "test_failover.py::test_a_consumer_whose_host_vanishes_mid_batch_is_cut_off"
+         "_after_about_lost_after",),
+    ),
+    mutant(
+        "conf.relay-lease-3-s", "outbox.conf",
+        "a relay that died is replaced about a second after (RELAY_LEASE 1 s)",
+        "outbox/conf.py",
+        "    RELAY_LEASE = Setting(timedelta(seconds=1), seconds(allow_zero=False))",
+        "    RELAY_LEASE = Setting(timedelta(seconds=3), seconds(allow_zero=False))",
+        (OUTBOX + "test_failover.py::test_a_relay_killed_by_sigkill_is_replaced_by_a_waiting_one"
+         "_within_seconds",),
+    ),
+    mutant(
+        "conf.poll-interval-2-s", "outbox.conf",
+        "a killed consumer's partition is taken by a running one at once (it polls every 0.05 s)",
+        "outbox/conf.py",
+        "    POLL_INTERVAL = Setting(0.05, seconds())",
+        "    POLL_INTERVAL = Setting(2.0, seconds())",
+        (OUTBOX + "test_failover.py::test_a_consumer_killed_mid_batch_is_replaced_by_a_running_one"
+         "_within_seconds",),
+    ),
 ]
