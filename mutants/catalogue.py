@@ -1746,4 +1746,31 @@ CATALOGUE: list[Mutant] = [
         (OUTBOX + "test_failover.py::test_a_consumer_killed_mid_batch_is_replaced_by_a_running_one"
          "_within_seconds",),
     ),
+    # --- modules the catalogue had none for (tests review, RM2) -------------------------------
+    mutant(
+        "fingerprints.keys-in-given-order", "idempotency.fingerprints",
+        "the fingerprint's JSON sorts object keys: the same body in another key order is the "
+        "same request",
+        "idempotency/fingerprints.py",
+        "            for index, name in enumerate(sorted(members, reverse=True)):",
+        "            for index, name in enumerate(reversed(list(members))):",
+        (IDEM + "test_properties.py",),
+    ),
+    mutant(
+        "responses.replay-unmarked", "idempotency.responses",
+        "a replay carries Idempotent-Replayed: true",
+        "idempotency/responses.py",
+        '''    response[REPLAYED_HEADER] = "true"\n''',
+        "",
+        (IDEM + "test_contract.py",),
+    ),
+    mutant(
+        "inputs.stored-data-unbounded", "idempotency.inputs",
+        "data a phases-mode key keeps to resume is refused past MAX_STORED_DATA (413 "
+        "stored_data_too_large)",
+        "idempotency/inputs.py",
+        "    if len(text) > limit:  # ensure_ascii",
+        "    if False:  # ensure_ascii",
+        (IDEM + "test_bad_input.py",),
+    ),
 ]

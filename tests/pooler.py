@@ -158,7 +158,10 @@ class Pooler:
 
 @contextlib.contextmanager
 def pool_of_one(pool_size: int = 1) -> Iterator[Pooler]:
-    """Start a pgbouncer (``pool_size = 1``, transaction mode) in front of the test cluster.
+    """Start a pgbouncer (transaction mode) in front of the test cluster.
+
+    One server session per pool unless ``pool_size`` says more (a loop process
+    that is to be cut off by :meth:`Pooler.restart` needs a few).
 
     Its files live in a directory of its own under /var/tmp (as root it runs
     as the ``postgres`` account, which must reach them); the process is
