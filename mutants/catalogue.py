@@ -1626,15 +1626,6 @@ CATALOGUE: list[Mutant] = [
         (TENANCY + "test_references.py::test_dropping_the_last_reference_drops_the_key_after_it",),
     ),
     mutant(
-        "references.other-app-first", "tenancy.references",
-        "a reference to another app's model waits for the migration that adds that model's key",
-        "tenancy/references.py",
-        "                        migration.dependencies.append(needed)",
-        "                        pass",
-        (TENANCY + "test_references.py::test_a_reference_to_another_apps_model_waits_for_the"
-         "_migration_that_adds_its_key",),
-    ),
-    mutant(
         "references.W040-missing", "tenancy.references",
         "check warns about a plain foreign key between tenant-isolated models (tenancy.W040)",
         "tenancy/references.py",

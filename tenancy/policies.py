@@ -145,15 +145,10 @@ def _declares(operation: Any) -> bool:
 
 
 class TenancyAutodetectorMixin:
-    """Migrations that create a policy depend on the one that defines its function; a
-    reference to another app's model on the migration that adds its key
-    (:func:`tenancy.references.depend_on_keys`)."""
+    """Migrations that create a policy depend on the one that defines its function."""
 
     def changes(self, *args: Any, **kwargs: Any) -> dict[str, list[Any]]:
-        from tenancy.references import depend_on_keys
-
         changes: dict[str, list[Any]] = super().changes(*args, **kwargs)  # type: ignore[misc]
-        depend_on_keys(self.to_state, changes)  # type: ignore[attr-defined]
         governed = _library_apps()
         for app_label, migrations in changes.items():
             if app_label in governed:

@@ -232,43 +232,6 @@ def reference_problems(models_: Iterable[type[Model]]) -> list[checks.CheckMessa
     return found
 
 
-def _constraints(operation: Any) -> list[tuple[str, Any]]:
-    """(model name, constraint) of each constraint ``operation`` creates."""
-    from django.db import migrations
-
-    if isinstance(operation, migrations.AddConstraint):
-        return [(operation.model_name.lower(), operation.constraint)]
-    if isinstance(operation, migrations.CreateModel):
-        return [(operation.name.lower(), c) for c in operation.options.get("constraints", ())]
-    return []
-
-
-def depend_on_keys(to_state: Any, changes: dict[str, list[Any]]) -> None:
-    """A new reference to a model of another app waits for the migration that adds its key.
-
-    ``makemigrations`` knows nothing of the order: on its own, the referring
-    app's migration could run first, and PostgreSQL refuses a foreign key
-    without the unique key it refers to.
-    """
-    keys = {
-        (app_label, model): (app_label, migration.name)
-        for app_label, migrations in changes.items() for migration in migrations
-        for operation in migration.operations
-        for model, constraint in _constraints(operation) if isinstance(constraint, TenantKey)
-    }
-    for app_label, migrations in changes.items():
-        for migration in migrations:
-            for operation in migration.operations:
-                for model, constraint in _constraints(operation):
-                    if not isinstance(constraint, TenantReference):
-                        continue
-                    target = to_state.models[app_label, model].fields[constraint.field]
-                    label = str(target.remote_field.model).lower()
-                    needed = keys.get(tuple(label.split(".", 1)))  # type: ignore[arg-type]
-                    if needed and needed[0] != app_label and needed not in migration.dependencies:
-                        migration.dependencies.append(needed)
-
-
 def register() -> None:
     """Called by ``TenancyConfig.ready()``."""
     checks.register(check_references, checks.Tags.models)

@@ -73,6 +73,8 @@ def test_makemigrations_writes_the_reference_with_the_tenant_and_the_key_it_need
 
 
 def test_a_reference_to_another_apps_model_waits_for_the_migration_that_adds_its_key():
+    """Django makes a migration with a foreign key depend on the latest new migration of
+    the app it refers to: the one that adds the key, when there is one."""
     after = _state()
     refund = after.models["testapp", "refund"]
     after.remove_model("testapp", "refund")
