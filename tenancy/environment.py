@@ -4,7 +4,7 @@ libpq takes a password from ``PGPASSWORD`` before it looks in a password file.
 An exported ``PGPASSWORD`` (a superuser's, kept from ``create_roles``) is
 therefore tried for every alias whose password is in its password file
 (``databases(..., passfile=...)``), and each of them fails with "password
-authentication failed" and nothing else to go on: ``tenancy.W042`` says why.
+authentication failed" and nothing else to go on: ``tenancy.W049`` says why.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from django.core import checks
 def check_pgpassword(
     app_configs: Any = None, databases: Sequence[str] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
-    """``tenancy.W042``: ``PGPASSWORD`` is set and the aliases checked expect their password file.
+    """``tenancy.W049``: ``PGPASSWORD`` is set and the aliases checked expect their password file.
 
     A database check (``check --database``, ``migrate``): where the logins fail.
     ``create_roles``, which is given the superuser's password that way, checks no
@@ -41,7 +41,7 @@ def check_pgpassword(
         "(\"password authentication failed\").",
         hint="unset PGPASSWORD; give create_roles the superuser's password for that one "
         "command only: PGPASSWORD=... python manage.py create_roles",
-        id="tenancy.W042",
+        id="tenancy.W049",
     )]
 
 

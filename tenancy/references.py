@@ -22,8 +22,8 @@ that ``makemigrations`` writes, as :mod:`tenancy.policies` does for policies:
   a foreign key on two columns needs; dropped after the references to it.
 
 :func:`check_references` warns about a plain foreign key from a
-tenant-isolated model of yours to another (``tenancy.W040``) and refuses a
-``TenantForeignKey`` that cannot be made tenant-consistent (``tenancy.E041``).
+tenant-isolated model of yours to another (``tenancy.W047``) and refuses a
+``TenantForeignKey`` that cannot be made tenant-consistent (``tenancy.E048``).
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def declare_references() -> None:
 
     Called once by ``TenancyConfig.ready()``, when every model is loaded; the
     constraints join ``Meta.constraints``, where ``makemigrations`` and
-    ``migrate`` see them. A field that cannot have one is ``tenancy.E041``.
+    ``migrate`` see them. A field that cannot have one is ``tenancy.E048``.
     """
     from django.apps import apps
 
@@ -195,7 +195,7 @@ def check_references(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
 
 
 def reference_problems(models_: Iterable[type[Model]]) -> list[checks.CheckMessage]:
-    """``tenancy.W040`` and ``tenancy.E041`` for the foreign keys of ``models_``."""
+    """``tenancy.W047`` and ``tenancy.E048`` for the foreign keys of ``models_``."""
     from tenancy.policies import declares_policy
 
     found: list[checks.CheckMessage] = []
@@ -211,7 +211,7 @@ def reference_problems(models_: Iterable[type[Model]]) -> list[checks.CheckMessa
                         hint="Use TenantForeignKey between models that both declare "
                         "tenant_isolated = True and have a tenant_id field; a plain "
                         "ForeignKey otherwise.",
-                        obj=field, id="tenancy.E041",
+                        obj=field, id="tenancy.E048",
                     ))
                 continue
             constrained = getattr(field, "db_constraint", True)  # off: made by hand, or none
@@ -227,7 +227,7 @@ def reference_problems(models_: Iterable[type[Model]]) -> list[checks.CheckMessa
                     hint="Use tenancy.TenantForeignKey, whose constraint includes tenant_id "
                     "(for a one-to-one, with a UniqueConstraint on tenant_id and the field): "
                     "docs/roles.md.",
-                    obj=field, id="tenancy.W040",
+                    obj=field, id="tenancy.W047",
                 ))
     return found
 

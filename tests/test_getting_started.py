@@ -407,7 +407,7 @@ def test_the_getting_started_page_works_as_written_and_past_it(project):
         f"export {PAGE_PASSWORD}; python manage.py check --database default; unset PGPASSWORD"),
         check=False)
     assert "password authentication failed" in exported, exported
-    assert "tenancy.W042" in exported and "unset PGPASSWORD" in exported, exported
+    assert "tenancy.W049" in exported and "unset PGPASSWORD" in exported, exported
 
     # The page's Refund refers to an order of its own merchant only (its own test says so
     # too), and another merchant's order is refused exactly as one that does not exist.

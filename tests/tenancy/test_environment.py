@@ -1,4 +1,4 @@
-"""An exported PGPASSWORD shadows the aliases' password file: check says so (tenancy.W042).
+"""An exported PGPASSWORD shadows the aliases' password file: check says so (tenancy.W049).
 
 tests/test_getting_started.py shows it where a reader meets it: ``check`` after an
 ``export PGPASSWORD``.
@@ -30,7 +30,7 @@ def test_an_exported_pgpassword_is_named_with_the_aliases_it_shadows(passfile_al
     monkeypatch.setenv("PGPASSWORD", "the superuser's")
     assert check_pgpassword() == []  # no database checked (create_roles is given it so)
     [warning] = check_pgpassword(databases=["default", "owner", "system", "worker"])
-    assert warning.id == "tenancy.W042"
+    assert warning.id == "tenancy.W049"
     assert "default, owner, system, worker" in warning.msg
     assert "unset PGPASSWORD" in warning.hint
 

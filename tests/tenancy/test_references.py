@@ -5,7 +5,7 @@ The test app's ``Refund`` refers to its ``Order`` with a ``TenantForeignKey``:
 -> ``(tenant_id, id)`` and the key it needs; a tenant can then refer only to
 its own orders, and another tenant's are refused exactly as ids that do not
 exist. ``check`` warns about a plain foreign key between tenant-isolated
-models (tenancy.W040).
+models (tenancy.W047).
 """
 
 from __future__ import annotations
@@ -194,12 +194,12 @@ def test_the_test_apps_references_pass_the_check():
 
 
 @pytest.mark.parametrize(("kind", "expected"), [
-    ("plain", ["tenancy.W040"]),
-    ("one-to-one", ["tenancy.W040"]),
+    ("plain", ["tenancy.W047"]),
+    ("one-to-one", ["tenancy.W047"]),
     ("tenant", []),
     ("no constraint", []),  # db_constraint=False: made by hand (docs/roles.md), or none
     ("to a shared model", []),
-    ("tenant to a shared model", ["tenancy.E041"]),
+    ("tenant to a shared model", ["tenancy.E048"]),
 ])
 def test_the_check_warns_about_a_plain_foreign_key_between_tenant_isolated_models(kind, expected):
     with isolate_apps("tests.testapp"):
@@ -235,6 +235,6 @@ def test_the_check_warns_about_a_plain_foreign_key_between_tenant_isolated_model
 
         found = reference_problems([Parent, Shared, Child])
     assert [m.id for m in found] == expected
-    if expected == ["tenancy.W040"]:
+    if expected == ["tenancy.W047"]:
         assert found[0].obj is Child._meta.get_field("parent")
         assert "TenantForeignKey" in found[0].hint
