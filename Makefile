@@ -48,7 +48,7 @@
 #                           mutant catalogue still matching the code
 #   make mutants            the catalogue of claim-breaking edits (mutants/catalogue.py),
 #                           each applied in a scratch copy with its tests run; not part of
-#                           make test (about an hour). MUTANTS_ARGS="ID ..." or
+#                           make test (an hour or more). MUTANTS_ARGS="ID ..." or
 #                           "--module outbox.relay" picks some; "--list", "--check"
 #   make docs               the documentation site (MkDocs, strict) into site/
 #   make services / make services-stop   keep PostgreSQL and Redis up between runs

@@ -361,6 +361,14 @@ CATALOGUE: list[Mutant] = [
         (OUTBOX + "test_fence.py",),
     ),
     mutant(
+        "provision.stats-reader-left-out", "tenancy.provision",
+        "create_roles makes the system role a member of pg_read_all_stats",
+        "tenancy/provision.py",
+        "    if system not in set(stats_readers):\n",
+        "    if False:\n",
+        (TENANCY + "test_setup_roles.py",),
+    ),
+    mutant(
         "status.backlog-counted-whole", "outbox.observation",
         "a reader's backlog past 10,000 messages is read from the ids, not counted",
         "outbox/queries.sql",
@@ -2141,5 +2149,173 @@ CATALOGUE: list[Mutant] = [
         "",
         ("tests/example/test_demo.py::test_slow_request_bodies_wait_in_the_proxy_and_a_stalled"
          "_one_is_answered_408",),
+    ),
+    # --- issue 31: the claims without a proof (the `claims` stream) ---------------------------
+    mutant(
+        "references.plain-constraint", "tenancy.references",
+        "a TenantForeignKey's constraint includes tenant_id: a tenant cannot refer to another "
+        "tenant's row, and learns nothing of which ids exist",
+        "tenancy/references.py",
+        '''            f" FOREIGN KEY ({q(TENANT_COLUMN)}, {q(field.column)})"  # type: ignore[union-attr]
+            f" REFERENCES {q(target.db_table)}"
+            f" ({q(TENANT_COLUMN)}, {q(field.target_field.column)})"  # type: ignore[union-attr]''',
+        '''            f" FOREIGN KEY ({q(field.column)})"  # type: ignore[union-attr]
+            f" REFERENCES {q(target.db_table)}"
+            f" ({q(field.target_field.column)})"  # type: ignore[union-attr]''',
+        (TENANCY + "test_references.py",),
+    ),
+    mutant(
+        "references.django-constraint-kept", "tenancy.references",
+        "a TenantForeignKey has no constraint on its column alone (checked across tenants)",
+        "tenancy/references.py",
+        '''        kwargs["db_constraint"] = False  # the composite TenantReference takes its place''',
+        '''        kwargs.setdefault("db_constraint", True)''',
+        (TENANCY + "test_references.py",),
+    ),
+    mutant(
+        "references.key-dropped-first", "tenancy.references",
+        "a migration that drops the last reference to a model drops its key after the reference",
+        "tenancy/references.py",
+        '''        schema_editor.deferred_sql.append(super().remove_sql(model, schema_editor))
+        return ""''',
+        '''        return super().remove_sql(model, schema_editor)''',
+        (TENANCY + "test_references.py::test_dropping_the_last_reference_drops_the_key_after_it",),
+    ),
+    mutant(
+        "references.W047-missing", "tenancy.references",
+        "check warns about a plain foreign key between tenant-isolated models (tenancy.W047)",
+        "tenancy/references.py",
+        "            if declares_policy(model) and _tenant_isolated(target) and _has_tenant(target):",
+        "            if False:",
+        (TENANCY + "test_references.py",),
+    ),
+    mutant(
+        "environment.W049-missing", "tenancy.environment",
+        "check names an exported PGPASSWORD that shadows the aliases' password file (tenancy.W049)",
+        "tenancy/environment.py",
+        '''    if not os.environ.get("PGPASSWORD"):''',
+        '''    if True:''',
+        (TENANCY + "test_environment.py",),
+    ),
+    mutant(
+        "consumers.rls-bound-system-alias-used", "outbox.consumers",
+        "run_consumers refuses, in one line, a system alias that row-level security confines",
+        "outbox/consumers.py",
+        "    require_cross_tenant_reader(system_alias())\n    for consumer in consumers:",
+        "    for consumer in consumers:",
+        (OUTBOX + "test_consumers.py::test_run_consumers_refuses_a_system_alias_confined_by_rls"
+         "_and_handles_nothing",),
+    ),
+    mutant(
+        "completer.rls-bound-alias-used", "idempotency.completer",
+        "complete_idempotency_keys refuses, in one line, an alias that row-level security confines",
+        "idempotency/completer.py",
+        '''    require_cross_tenant(alias, ["idempotency_keys"], job="the completer")\n''',
+        "",
+        (IDEM + "test_completer.py::test_the_command_refuses_an_alias_confined_by_rls_and"
+         "_completes_nothing",),
+    ),
+    mutant(
+        "health.failing-head-unexplained", "outbox.health",
+        "outbox_health says when a reader's head message keeps failing",
+        "outbox/health.py",
+        "    if reader.attempts:\n",
+        "    if False:\n",
+        (OUTBOX + "test_health.py::test_a_head_message_that_keeps_failing_is_named_as_what_holds"
+         "_the_consumer",),
+    ),
+    mutant(
+        "transports.first-trace-for-all", "outbox.transports",
+        "while tracing is on, each message relayed to Redis carries its own trace context",
+        "outbox/transports.py",
+        "headers=tracing.context_headers(envelope.data().get(\"headers\"))",
+        "headers=tracing.context_headers(envelopes[0].data().get(\"headers\"))",
+        ("tests/shared/test_tracing.py::test_the_trace_reaches_a_celery_receiver_through_the_task"
+         "_headers",),
+    ),
+    mutant(
+        "loops.database-pause-fixed", "outbox.loops",
+        "a loop that lost the database retries after 1 s, doubled up to 30 s",
+        "outbox/loops.py",
+        "            pause = backoff(failures, DATABASE_BACKOFF, MAX_DATABASE_BACKOFF)",
+        "            pause = DATABASE_BACKOFF",
+        (OUTBOX + "test_backoff.py",),
+    ),
+    mutant(
+        "relay.broker-pause-fixed", "outbox.relay",
+        "a relay whose broker fails retries after 0.5 s, doubled up to 30 s",
+        "outbox/relay.py",
+        "            pause = backoff(\n                self._broker_failures,\n"
+        "                BROKER_BACKOFF,\n                BROKER_BACKOFF_MAX,\n            )",
+        "            pause = BROKER_BACKOFF",
+        (OUTBOX + "test_backoff.py",),
+    ),
+    mutant(
+        "consumers.lost-batch-counted-as-failure", "outbox.consumers",
+        "a consumer loop whose connection is cut inside a batch reconnects and runs the batch "
+        "again (the cut is not the message's failed attempt)",
+        "outbox/consumers.py",
+        "    except Exception as exc:\n        _raise_if_lost(alias, exc)\n",
+        "    except Exception:\n        pass\n",
+        (OUTBOX + "test_processes.py::test_the_consumer_loop_survives_losing_the_database_and"
+         "_stops_on_sigterm",),
+        more=(Edit("outbox/consumers.py",
+                   "            _raise_if_lost(alias, exc)\n            return index, (message, exc)",
+                   "            return index, (message, exc)"),),
+    ),
+    mutant(
+        "consumers.vanished-host-unwatched", "outbox.consumers",
+        "PostgreSQL ends the session of a consumer whose host vanished mid-batch after about "
+        "lost_after (3 s), releasing its partition",
+        "outbox/consumers.py",
+        "partition, lost_after=consumer.lost_after)",
+        "partition, lost_after=0)",
+        (OUTBOX + "test_failover.py::test_a_consumer_whose_host_vanishes_mid_batch_is_cut_off"
+         "_after_about_lost_after",),
+    ),
+    mutant(
+        "conf.relay-lease-3-s", "outbox.conf",
+        "a relay that died is replaced about a second after (RELAY_LEASE 1 s)",
+        "outbox/conf.py",
+        "    RELAY_LEASE = Setting(timedelta(seconds=1), seconds(allow_zero=False))",
+        "    RELAY_LEASE = Setting(timedelta(seconds=3), seconds(allow_zero=False))",
+        (OUTBOX + "test_failover.py::test_a_relay_killed_by_sigkill_is_replaced_by_a_waiting_one"
+         "_within_seconds",),
+    ),
+    mutant(
+        "conf.poll-interval-2-s", "outbox.conf",
+        "a killed consumer's partition is taken by a running one at once (it polls every 0.05 s)",
+        "outbox/conf.py",
+        "    POLL_INTERVAL = Setting(0.05, seconds())",
+        "    POLL_INTERVAL = Setting(2.0, seconds())",
+        (OUTBOX + "test_failover.py::test_a_consumer_killed_mid_batch_is_replaced_by_a_running_one"
+         "_within_seconds",),
+    ),
+    # --- modules the catalogue had none for (tests review, RM2) -------------------------------
+    mutant(
+        "fingerprints.keys-in-given-order", "idempotency.fingerprints",
+        "the fingerprint's JSON sorts object keys: the same body in another key order is the "
+        "same request",
+        "idempotency/fingerprints.py",
+        "            for index, name in enumerate(sorted(members, reverse=True)):",
+        "            for index, name in enumerate(reversed(list(members))):",
+        (IDEM + "test_properties.py",),
+    ),
+    mutant(
+        "responses.replay-unmarked", "idempotency.responses",
+        "a replay carries Idempotent-Replayed: true",
+        "idempotency/responses.py",
+        '''    response[REPLAYED_HEADER] = "true"\n''',
+        "",
+        (IDEM + "test_contract.py",),
+    ),
+    mutant(
+        "inputs.stored-data-unbounded", "idempotency.inputs",
+        "data a phases-mode key keeps to resume is refused past MAX_STORED_DATA (413 "
+        "stored_data_too_large)",
+        "idempotency/inputs.py",
+        "    if len(text) > limit:  # ensure_ascii",
+        "    if False:  # ensure_ascii",
+        (IDEM + "test_bad_input.py",),
     ),
 ]

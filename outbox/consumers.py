@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import Any, ClassVar
 
-from django.db import transaction
+from django.db import OperationalError, connections, transaction
 from django.utils.module_loading import import_string
 
 from django_idempotency_outbox import tracing
@@ -329,15 +329,28 @@ def _handle(
                     for message in group:
                         _handle_one(consumer, message)
         return len(messages), None
-    except Exception:
-        pass
+    except Exception as exc:
+        _raise_if_lost(alias, exc)
     for index, message in enumerate(messages):
         try:
             with tenant_context(message.tenant_id, using=alias):
                 _handle_one(consumer, message)
         except Exception as exc:
+            _raise_if_lost(alias, exc)
             return index, (message, exc)
     return len(messages), None
+
+
+def _raise_if_lost(alias: str, exc: Exception) -> None:
+    """A batch whose connection is gone (cut, restarted server) failed no message of its own.
+
+    Raised as a database error, for the loop to reconnect and run the batch
+    again (docs/operations.md), instead of counting it as the message's attempt
+    and going on in a transaction that can no longer do anything.
+    """
+    raw = connections[alias].connection
+    if raw is not None and (raw.closed or raw.broken):
+        raise OperationalError(f"the batch's connection was lost: {exc}") from exc
 
 
 def _handle_one(consumer: Consumer, message: Message) -> None:

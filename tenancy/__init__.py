@@ -9,6 +9,8 @@ database, whatever query reaches it.
 Requests get their tenant from :class:`TenantScopedViewMixin` (DRF views) or
 :func:`tenant_scoped` (plain Django views); :class:`AppDatabaseRouter` sends
 the ORM to the alias the tenant is set on when that alias is not ``default``.
+:class:`TenantForeignKey` is a foreign key between tenant-isolated models
+whose constraint includes ``tenant_id``.
 The view helpers are imported on first use, so importing ``tenancy`` does not
 import DRF. :func:`databases` writes the ``DATABASES`` of the four roles from
 one URL (``settings.py`` may import it: importing ``tenancy`` reads no setting).
@@ -27,6 +29,7 @@ __all__ = [
     "AppDatabaseRouter",
     "CrossTenantRefused",
     "TenancyError",
+    "TenantForeignKey",
     "TenantScopedViewMixin",
     "__version__",
     "current_tenant_id",
@@ -42,6 +45,7 @@ __getattr__ = lazy_exports(
     __name__,
     {
         "TenantScopedViewMixin": "tenancy.mixins",
+        "TenantForeignKey": "tenancy.references",
         "tenant_scoped": "tenancy.decorators",
         "AppDatabaseRouter": "tenancy.routers",
         "resolve_tenant": "tenancy.resolver",
@@ -53,5 +57,6 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
     from tenancy.decorators import tenant_scoped
     from tenancy.layout import databases
     from tenancy.mixins import TenantScopedViewMixin
+    from tenancy.references import TenantForeignKey
     from tenancy.resolver import resolve_tenant
     from tenancy.routers import AppDatabaseRouter

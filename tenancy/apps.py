@@ -11,11 +11,17 @@ class TenancyConfig(AppConfig):
 
         from tenancy import checks
         from tenancy.context import pin_search_path
+        from tenancy.environment import register as register_environment_checks
         from tenancy.policies import declare_policies, install_autodetector
         from tenancy.privileges import grant_after_migrate, revoke_temporary_after_migrate
+        from tenancy.references import declare_references
+        from tenancy.references import register as register_reference_checks
 
         checks.register()
         declare_policies()
+        declare_references()
+        register_reference_checks()
+        register_environment_checks()
         install_autodetector()
         post_migrate.connect(grant_after_migrate, dispatch_uid="tenancy.grant_after_migrate")
         connection_created.connect(pin_search_path, dispatch_uid="tenancy.pin_search_path")

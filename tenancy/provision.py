@@ -458,6 +458,7 @@ def plan(
     passwords: Callable[[str], Password],
     known: Callable[[str], str | None] = lambda kind: "",
     shaped: dict[str, Shape] | None = None,
+    stats_readers: Iterable[str] = (),
 ) -> Plan:
     """What to do to reach ``goal`` from the catalog state given (empty: a new server).
 
@@ -466,7 +467,9 @@ def plan(
     cannot log in where the server asks for a password, and the plan warns
     (an existing role's password is never changed here). ``shaped`` (by role)
     gives the existing roles' connection limits, expiry and settings: what
-    differs from what this makes (:func:`drift`) is put back.
+    differs from what this makes (:func:`drift`) is put back. The system role
+    is made a member of ``pg_read_all_stats`` unless it is one of
+    ``stats_readers``: status and health then name what holds delivery back.
     """
     from tenancy.conf import tenancy_settings
 
@@ -534,6 +537,11 @@ def plan(
     else:
         result.steps.append(Step(f"database {goal.database}: exists, owned by {owner}"))
     result.steps.extend(settings_of_new)
+    system = goal.roles["system"]
+    if system not in set(stats_readers):
+        result.steps.append(Step(
+            f"role {system}: member of pg_read_all_stats (outbox_status and outbox_health show "
+            "what holds delivery back)", f"GRANT pg_read_all_stats TO {quote(system)};"))
     return result
 
 
@@ -563,7 +571,7 @@ def script(goal: Target) -> tuple[list[str], list[str]]:
     statements carry their SCRAM verifiers only.
     """
     steps = plan(goal, {}, (), None, False, _password_source(goal)).steps
-    notes = [step.message for step in steps if step.message.startswith("role ")]
+    notes = [step.message for step in steps if "its password in" in step.message]
     return [step.sql for step in steps], notes
 
 
@@ -595,10 +603,13 @@ def provision(goal: Target, conn: Any) -> Plan:
     roles = {role: shape.attributes for role, shape in shaped.items()}
     members = [row[0] for row in conn.execute(
         queries("tenancy")["members_of"], {"role": goal.roles["owner"]}).fetchall()]
+    readers = [row[0] for row in conn.execute(
+        queries("tenancy")["members_of"], {"role": "pg_read_all_stats"}).fetchall()]
     database = conn.execute(
         queries("tenancy")["database_owner"], {"database": goal.database}).fetchone()
     result = plan(goal, roles, members, database[0] if database else None,
-                  database is not None, _password_source(goal), _known_password(goal), shaped)
+                  database is not None, _password_source(goal), _known_password(goal), shaped,
+                  readers)
     if result.error:
         return result
     for step in result.changes:

@@ -150,7 +150,8 @@ SELECT c.relname FROM pg_class c
 SELECT rolname, rolsuper FROM pg_roles WHERE rolname = current_user
 
 -- name: members_of
--- create_roles: the roles that belong to the owner (none of the others may).
+-- create_roles: the roles that belong to the owner (none of the others may),
+-- and to pg_read_all_stats (the system role should).
 SELECT u.rolname FROM pg_auth_members m JOIN pg_roles o ON o.oid = m.roleid
   JOIN pg_roles u ON u.oid = m.member WHERE o.rolname = %(role)s
 

@@ -71,7 +71,7 @@ def pooler_paused(dbname: str) -> Iterator[None]:
 #: they run and the code their operations call, of the library and of the test
 #: app. (What post_migrate applies, the privileges, is applied again on a copy.)
 _MIGRATED_FROM = (
-    "tenancy/migrations", "tenancy/sql", "tenancy/policies.py",
+    "tenancy/migrations", "tenancy/sql", "tenancy/policies.py", "tenancy/references.py",
     "idempotency/migrations", "idempotency/sql",
     "outbox/migrations", "outbox/sql",
     "django_idempotency_outbox/sqlfiles.py",

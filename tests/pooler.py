@@ -22,7 +22,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,8 +69,42 @@ def connection_settings(alias: str, **values: Any) -> Iterator[None]:
 class Pooler:
     """A running private pgbouncer: transaction pooling, one server session per pool."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, start: Callable[[], subprocess.Popen[bytes]] | None = None
+                 ) -> None:
         self.port = port
+        self._start = start
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start it (again), on its port, and wait until it takes clients."""
+        assert self._start is not None
+        self.process = process = self._start()
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.connect().close()
+                return
+            except psycopg.OperationalError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the private pgbouncer did not start") from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        """SIGTERM: pgbouncer exits at once, closing its clients' and its server connections."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def restart(self) -> None:
+        """What a client sees of a pooler restarted: its connection closed under it."""
+        self.stop()
+        self.start()
 
     def connect(self, alias: str = "default", **kwargs: Any) -> psycopg.Connection:
         """A client of the pooler as the role of ``alias`` (autocommit unless told)."""
@@ -128,8 +162,11 @@ class Pooler:
 
 
 @contextlib.contextmanager
-def pool_of_one(*, reset: bool = True) -> Iterator[Pooler]:
-    """Start a pgbouncer (``pool_size = 1``, transaction mode) in front of the test cluster.
+def pool_of_one(pool_size: int = 1, *, reset: bool = True) -> Iterator[Pooler]:
+    """Start a pgbouncer (transaction mode) in front of the test cluster.
+
+    One server session per pool unless ``pool_size`` says more (a loop process
+    that is to be cut off by :meth:`Pooler.restart` needs a few).
 
     ``reset``: it resets every session-level setting before it lends a server
     session again, as docs/scaling.md configures pgbouncer; without, a setting
@@ -154,7 +191,7 @@ def pool_of_one(*, reset: bool = True) -> Iterator[Pooler]:
     db = settings.DATABASES["owner"]
     (workdir / "pgbouncer.ini").write_text(f"""\
 [databases]
-* = host={db["HOST"]} port={db["PORT"]} pool_size=1
+* = host={db["HOST"]} port={db["PORT"]} pool_size={pool_size}
 
 [pgbouncer]
 listen_addr = 127.0.0.1
@@ -163,7 +200,7 @@ unix_socket_dir =
 auth_type = scram-sha-256
 auth_file = {workdir}/userlist.txt
 pool_mode = transaction
-default_pool_size = 1
+default_pool_size = {pool_size}
 server_reset_query = {"RESET ALL" if reset else ""}
 server_reset_query_always = {int(reset)}
 max_client_conn = 100
@@ -182,30 +219,23 @@ logfile = {workdir}/pgbouncer.log
     account: dict[str, Any] = (
         {"user": "postgres", "group": "postgres", "extra_groups": []} if root else {}
     )
-    process = subprocess.Popen([PGBOUNCER, str(workdir / "pgbouncer.ini")], cwd="/",
-                               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                               preexec_fn=_die_with_parent, **account)
-    pooler = Pooler(port)
+
+    def start() -> subprocess.Popen[bytes]:
+        return subprocess.Popen([PGBOUNCER, str(workdir / "pgbouncer.ini")], cwd="/",
+                                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                preexec_fn=_die_with_parent, **account)
+
+    pooler = Pooler(port, start)
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                pooler.connect().close()
-                break
-            except psycopg.OperationalError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    log = (workdir / "pgbouncer.log")
-                    raise RuntimeError(
-                        "the private pgbouncer did not start: "
-                        + (log.read_text()[-2000:] if log.exists() else "no log")
-                    ) from None
-                time.sleep(0.05)
+        try:
+            pooler.start()
+        except RuntimeError:
+            log = (workdir / "pgbouncer.log")
+            raise RuntimeError(
+                "the private pgbouncer did not start: "
+                + (log.read_text()[-2000:] if log.exists() else "no log")
+            ) from None
         yield pooler
     finally:
-        process.terminate()  # SIGTERM: pgbouncer shuts down at once
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        pooler.stop()  # SIGTERM: pgbouncer shuts down at once
         shutil.rmtree(workdir, ignore_errors=True)

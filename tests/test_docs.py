@@ -97,3 +97,18 @@ def test_every_outbox_check_id_is_documented():
     pages = {"W": (DOCS / "outbox.md").read_text() + operations,
              "E": operations + settings_page, "I": operations}
     assert sorted(i for i in found if f"`{i}`" not in pages[i[7]]) == []
+
+
+def test_every_test_that_needs_direct_sessions_says_why():
+    """docs/scaling.md: such a test says why in its mark, and its skip shows the reason."""
+    import ast
+
+    tests = Path(__file__).resolve().parent
+    marks = []
+    for path in tests.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "direct_sessions"):
+                marks.append((path.name, {k.arg for k in node.keywords}))
+    assert len(marks) >= 5, marks
+    assert [name for name, keywords in marks if "reason" not in keywords] == []

@@ -1,11 +1,14 @@
 """The shop's client of the payment gateway (example_project/gateway.py)."""
 
+import logging
 from dataclasses import dataclass
 
 import requests
 from django.conf import settings
 
 from idempotency import Retry
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -26,7 +29,8 @@ def charge(amount_cents: int, idempotency_key: str) -> Charge:
     except requests.Timeout as exc:
         raise Retry("The payment gateway timed out; retry.", retry_after=2) from exc
     except requests.RequestException as exc:
-        raise Retry(f"The payment gateway is unreachable: {exc}", retry_after=2) from exc
+        logger.warning("payment gateway unreachable: %s", exc)  # the detail stays in the log
+        raise Retry("The payment gateway is unreachable; retry.", retry_after=2) from exc
     if response.status_code == 402:
         return Charge(id="", declined=True)
     if response.status_code >= 500:

@@ -161,3 +161,15 @@ def test_the_reaper_keeps_pending_keys_and_reports_them(abandoned, gateway):
     call_command("reap_idempotency_keys", stdout=out)
     assert "at payment_created" in out.getvalue()
     assert "the completer will finish it" in out.getvalue()
+
+
+def test_the_command_refuses_an_alias_confined_by_rls_and_completes_nothing(abandoned, gateway):
+    """docs/operations.md: each cross-tenant job refuses such an alias, in one line."""
+    from tenancy.aliases import app_alias
+
+    calls = gateway.stats()["calls"]
+    with pytest.raises(CommandError, match="row-level security") as refused:
+        call_command("complete_idempotency_keys", "--older-than", "0",
+                     "--database", app_alias(), stdout=io.StringIO())
+    assert "\n" not in str(refused.value).strip()
+    assert key_row()[0] == "pending" and gateway.stats()["calls"] == calls

@@ -241,6 +241,19 @@ def test_a_consumer_of_a_rare_topic_still_moves_past_other_messages():
     assert effects() == {}
 
 
+def test_run_consumers_refuses_a_system_alias_confined_by_rls_and_handles_nothing(settings):
+    """docs/operations.md: each cross-tenant job refuses such an alias, in one line."""
+    from tenancy.aliases import app_alias
+
+    placed("confined")
+    before = offset("orders")
+    settings.TENANCY = {**settings.TENANCY, "SYSTEM_DATABASE": app_alias()}
+    with pytest.raises(CommandError, match="row-level security") as refused:
+        call_command("run_consumers", "orders", "--once")
+    assert "\n" not in str(refused.value).strip()
+    assert effects() == {} and offset("orders") == before
+
+
 def test_unknown_consumer_names_are_refused():
     with pytest.raises(ConsumerConfigError, match="unknown consumer"):
         select_consumers(["nope"])

@@ -9,12 +9,17 @@ import sys
 import pytest
 from django.core.management import CommandError, call_command
 
-from outbox.consumers import ensure_offsets
+from outbox.consumers import ensure_offsets, run_batch
 from outbox.relay import Relay
 from outbox.testing import InMemoryTransport
 from tests.helpers import app_role, observer
 from tests.outbox.support.helpers import ROOT, drain, publish_as
-from tests.outbox.support.recorders import OrderRecorder, PartitionedRecorder, SlowRecorder
+from tests.outbox.support.recorders import (
+    FAILING,
+    OrderRecorder,
+    PartitionedRecorder,
+    SlowRecorder,
+)
 
 
 def health(*args: str) -> tuple[int, str]:
@@ -70,6 +75,24 @@ def test_a_consumer_behind_exits_1_naming_it(every_reader):
     assert health("--max-lag", "600", "orders")[0] == 0  # within a looser limit
     drain(OrderRecorder())
     assert health("--max-lag", "60", "orders")[0] == 0
+
+
+def test_a_head_message_that_keeps_failing_is_named_as_what_holds_the_consumer(every_reader):
+    FAILING.add("sour")
+    try:
+        publish_as(1, "order.placed", {"sku": "sour"})
+        for attempt in (1, 2):  # OrderRecorder retries at once (retry_backoff 0)
+            result = run_batch(OrderRecorder())
+            assert result.failed and not result.parked, (attempt, result)
+    finally:
+        FAILING.discard("sour")
+    age_messages(120)
+    code, out = health("--max-lag", "60", "orders")
+    assert code == 1, out
+    assert re.search(r"orders\[0\]: 1 message\(s\) not passed, the first 1\d\d s old"
+                     r" \(limit 60 s\): its head message has failed 2 time\(s\) and is retried",
+                     out), out
+    assert "not keeping up" not in out  # not the stopped-or-slow explanation
 
 
 def test_the_relay_behind_is_unhealthy_too(every_reader):

@@ -10,18 +10,18 @@ from __future__ import annotations
 import re
 import signal
 import sys
-import uuid
 
+import pytest
 import redis
 from django.conf import settings as django_settings
 
-from tenancy.aliases import system_alias, worker_alias
+from tenancy.aliases import worker_alias
 from tests.helpers import count_rows
 from tests.outbox.support.helpers import (
     ORDER_WORKER_APP,
     SUBPROCESS_SETTINGS,
+    LoopCut,
     Process,
-    cut_sessions,
     drain,
     effects,
     faulty_transport,
@@ -29,7 +29,6 @@ from tests.outbox.support.helpers import (
     offset,
     orders_by_key,
     pooled,
-    pooler_clients,
     publish_many,
     queue_length,
     queued_message_ids,
@@ -104,69 +103,105 @@ def test_two_consumer_processes_share_partitions_once_each_in_key_order(tmp_path
     assert all(counts), counts  # both processes did share the work
 
 
-#: The aliases of the loops' sessions (a consumer's batch and reads; a relay's lease and reads).
-LOOP_ALIASES = (worker_alias(), system_alias())
+@pytest.fixture
+def loop_cut():
+    """How a loop's connections are cut: directly, or behind a pgbouncer of the test's own."""
+    if not pooled(worker_alias()):
+        yield LoopCut()
+        return
+    from tests.pooler import pool_of_one
+
+    with pool_of_one(pool_size=4) as pooler:
+        yield LoopCut(pooler)
 
 
-def came_back(app_name: str) -> None:
-    """Behind pgbouncer, wait for the loop to be one of its clients again (it reconnected)."""
-    if pooled(*LOOP_ALIASES):
-        wait_for(lambda: pooler_clients(app_name) > 0, "the loop to reconnect")
+def lost(output: str) -> int:
+    """How many times the loop logged losing the database."""
+    return output.count("lost the database")
 
 
-def lost_noticed(output: str) -> None:
-    """Directly, a cut session is an error the loop logs and survives. Behind pgbouncer
-    (persistent connections, health-checked before each use, docs/scaling.md), the loop
-    may replace a connection pgbouncer closed before any statement fails on it: no error
-    to log, and nothing lost either way (the effects are counted after)."""
-    if not pooled(*LOOP_ALIASES):
-        assert "lost the database" in output
-
-
-def test_the_consumer_loop_survives_losing_the_database_and_stops_on_sigterm(tmp_path):
-    app_name = f"dio-loop-{uuid.uuid4().hex[:6]}"
+def test_the_consumer_loop_survives_losing_the_database_and_stops_on_sigterm(tmp_path, loop_cut):
+    """Each cut lands inside a batch (the handler waits for the test), so the loop sees it,
+    directly and behind pgbouncer alike, and the batch goes again, once."""
+    marker = tmp_path / "in-batch"
     proc = Process.manage(
-        "run_consumers", "orders", log=tmp_path / "consumer.log",
-        env={**SUBPROCESS_SETTINGS, "PGAPPNAME": app_name},
+        "run_consumers", "orders-slow", log=tmp_path / "consumer.log",
+        env={**SUBPROCESS_SETTINGS, **loop_cut.env, "DIO_HANG_ON": "cut",
+             "DIO_HANG_MARKER": str(marker)},
     )
     try:
         proc.wait_output("running")
         ids = []
         for round_ in range(3):
-            ids += publish_many(A, "order.placed", [{"sku": f"r{round_}"}])
+            ids += publish_many(A, "order.slow", [{"sku": "cut"}])
+            wait_for(marker.exists, f"round {round_}: the batch open, its handler waiting")
+            loop_cut.cut()
+            marker.unlink()  # the handler returns; the batch goes on, on a cut connection
+            wait_for(lambda n=round_ + 1: lost(proc.output) >= n,
+                     f"round {round_}: the loop to see the cut")
             expected = len(ids)
             wait_for(lambda n=expected: len(effects()) == n, f"round {round_} handled")
-            wait_for(lambda: cut_sessions(app_name, LOOP_ALIASES), "the loop's sessions to cut")
-            came_back(app_name)
-        ids += publish_many(A, "order.placed", [{"sku": "after"}])
+        ids += publish_many(A, "order.slow", [{"sku": "after"}])
         wait_for(lambda: len(effects()) == len(ids), "the last message handled")
         code = proc.stop()
     finally:
         proc.kill()
     assert code == 0, proc.output[-3000:]
-    lost_noticed(proc.output)
+    assert lost(proc.output) == 3, proc.output[-3000:]
     assert effects() == {str(i): 1 for i in ids}
     assert handled_count(proc.output) == len(ids)
 
 
-def test_the_relay_loop_survives_losing_the_database_and_stops_on_sigterm(tmp_path, queue):
-    app_name = f"dio-relay-{uuid.uuid4().hex[:6]}"
-    proc = Process.manage(
-        "relay_outbox", log=tmp_path / "relay.log",
-        env={**SUBPROCESS_SETTINGS, "PGAPPNAME": app_name, "DIO_CELERY_QUEUE": queue},
-    )
-    ids: list = []
+def blocked_by(conn, queued: set[int]) -> set[int]:
+    """The server sessions waiting for a lock ``conn``'s transaction holds.
+
+    Directly or behind ``queued`` ones (behind pgbouncer, a cut claim's server
+    session keeps its place in the row's queue until the row is free). Asked on
+    a session of its own: inside a transaction, pg_stat_activity is a snapshot
+    taken at its first read.
+    """
+    from tests.helpers import observer
+
+    with observer() as looking:
+        return {row[0] for row in looking.execute(
+            "SELECT pid FROM pg_stat_activity WHERE pg_blocking_pids(pid) && %s::int[]",
+            [[conn.info.backend_pid, *queued]])}
+
+
+def test_the_relay_loop_survives_losing_the_database_and_stops_on_sigterm(tmp_path, queue,
+                                                                          loop_cut):
+    """Each cut lands while the relay's claim of its lease waits for the offset row, which
+    the test holds: the loop sees each one, and pauses 1, 2, then 4 s (docs/operations.md)."""
+    from outbox import store
+    from tests.helpers import observer
+
+    ids = publish_many(A, "order.placed", [{"sku": f"r{i}"} for i in range(3)])
+    store.create_offsets(worker_alias(), "relay:default", 1)  # the row the relay claims
+    proc = None
+    with observer() as holder, holder.transaction():
+        holder.execute("SELECT 1 FROM consumer_offsets WHERE name = 'relay:default' FOR UPDATE")
+        proc = Process.manage(
+            "relay_outbox", log=tmp_path / "relay.log",
+            env={**SUBPROCESS_SETTINGS, **loop_cut.env, "DIO_CELERY_QUEUE": queue},
+        )
+        seen: set[int] = set()
+        try:
+            for round_ in range(3):
+                wait_for(lambda known=frozenset(seen): bool(blocked_by(holder, known) - known),
+                         f"round {round_}: the relay's claim to wait for the row")
+                seen |= blocked_by(holder, seen)
+                loop_cut.cut()
+                wait_for(lambda n=round_ + 1: lost(proc.output) >= n,
+                         f"round {round_}: the relay to see the cut")
+        except BaseException:
+            proc.kill()
+            raise
 
     def all_queued() -> bool:
         return {str(i) for i in ids} <= set(queued_message_ids(queue))
 
     try:
-        proc.wait_output("running")
-        for round_ in range(3):
-            ids += publish_many(A, "order.placed", [{"sku": f"r{round_}"}])
-            wait_for(all_queued, f"round {round_} relayed")
-            wait_for(lambda: cut_sessions(app_name, LOOP_ALIASES), "the relay's sessions to cut")
-            came_back(app_name)
+        wait_for(all_queued, "everything relayed once the row is free")
         ids += publish_many(A, "order.placed", [{"sku": "after"}])
         wait_for(all_queued, "the last message relayed")
         wait_for(lambda: offset("relay:default")[0] == message_position(ids[-1]),
@@ -175,9 +210,10 @@ def test_the_relay_loop_survives_losing_the_database_and_stops_on_sigterm(tmp_pa
     finally:
         proc.kill()
     assert code == 0, proc.output[-3000:]
-    lost_noticed(proc.output)
-    # Each message queued at least once (a cut between a send and its offset advance sends
-    # that batch again: at least once, as documented), and handled once.
+    assert lost(proc.output) == 3, proc.output[-3000:]
+    # Three failures in a row: the pause doubles, as the loops' schedule says.
+    assert re.findall(r"lost the database .*; retrying in ([\d.]+) s", proc.output) == [
+        "1.0", "2.0", "4.0"], proc.output[-3000:]
     assert set(queued_message_ids(queue)) == {str(i) for i in ids}
     receiving = worker(queue, tmp_path)
     try:

@@ -186,6 +186,11 @@ ROWS = {
     " (%(tenant)s, %(tag)s, 1, '')",
     "testapp_payment": "INSERT INTO testapp_payment (tenant_id, order_ref, amount) VALUES"
     " (%(tenant)s, %(tag)s, 1)",
+    # A refund refers to an order of its own tenant (tenancy.references): one is made with
+    # it, for the transaction's tenant (for the row's own when none is set: the seeding).
+    "testapp_refund": "WITH o AS (INSERT INTO testapp_order (tenant_id, sku, quantity, note) VALUES"
+    " (coalesce((SELECT tenancy_current_tenant()), %(tenant)s), %(tag)s, 1, '') RETURNING id)"
+    " INSERT INTO testapp_refund (tenant_id, order_id, amount) SELECT %(tenant)s, id, 1 FROM o",
 }
 
 

@@ -110,6 +110,9 @@ def test_it_creates_the_four_roles_as_the_design_requires_and_the_database(proje
         assert project.login(kind) == project.roles[kind]  # its password is in the passfile
     assert f"database {project.name}: created, owned by {project.roles['owner']}" in out
     assert stat.S_IMODE(project.passfile.stat().st_mode) == 0o600
+    with superuser() as conn:  # outbox_status and outbox_health see what holds delivery back
+        assert conn.execute("SELECT pg_has_role(%s, 'pg_read_all_stats', 'MEMBER')",
+                            [project.roles["system"]]).fetchone()[0]
 
 
 def test_a_second_run_changes_nothing_and_says_so(project):
@@ -166,6 +169,7 @@ def test_print_shows_the_sql_a_dba_runs_and_the_roles_it_makes_log_in(project):
         f'CREATE ROLE "{project.roles["system"]}" LOGIN NOSUPERUSER BYPASSRLS NOCREATEDB'
         " NOCREATEROLE NOREPLICATION",
         f'CREATE DATABASE "{project.name}" OWNER "{project.roles["owner"]}";',
+        f'GRANT pg_read_all_stats TO "{project.roles["system"]}";',
     ]
     assert all(str(project.passfile) in note for note in notes.strip().splitlines())
     # What a DBA does with it: pipe it into psql as a superuser.

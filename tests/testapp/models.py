@@ -1,5 +1,7 @@
 from django.db import models
 
+from tenancy import TenantForeignKey
+
 
 class Order(models.Model):
     """A tenant's order: the side effect the idempotency tests count."""
@@ -47,3 +49,16 @@ class Payment(models.Model):
     class Meta:
         db_table = "testapp_payment"
         indexes = [models.Index(fields=["tenant_id", "order_ref"], name="testapp_payment_order")]
+
+
+class Refund(models.Model):
+    """A refund of an order: a reference between tenant-isolated models (tenancy.references)."""
+
+    tenant_isolated = True
+
+    tenant_id = models.BigIntegerField()
+    order = TenantForeignKey(Order, on_delete=models.CASCADE)
+    amount = models.IntegerField()
+
+    class Meta:
+        db_table = "testapp_refund"

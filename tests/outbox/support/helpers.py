@@ -160,7 +160,7 @@ class Process:
 
 
 def terminate_backends(application_name: str) -> int:
-    """Cut every session of one process, as a server restart would."""
+    """Cut every session of one process, as a server restart would (direct sessions only)."""
     with observer() as conn:
         return len(conn.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
@@ -174,30 +174,31 @@ def pooled(*aliases: str) -> bool:
     return bool(set(aliases) & set(getattr(django_settings, "POOLED_ALIASES", ())))
 
 
-def cut_sessions(application_name: str, aliases: Iterable[str]) -> bool:
-    """Cut the database sessions of one process, as a restart would: True once done.
+class LoopCut:
+    """Cuts the database connections of a loop process the test starts, as a restart would.
 
-    Its server sessions, on the server (by ``application_name``, which
-    pgbouncer passes on from its clients), if it has any just now: directly,
-    and behind pgbouncer too, whose clients then find their server session
-    gone. Not with pgbouncer's admin console: 1.18 cuts only a whole database
-    (``KILL``), and crashed once doing so in CI (a segfault), taking every
-    later test's connections with it.
+    Directly, its sessions are terminated on the server, found by the
+    ``application_name`` the process is given (``env``). Behind pgbouncer
+    (``DIO_POOLED`` pools the worker alias, where a batch or a relay's lease
+    runs), the process connects through a pgbouncer of the test's own
+    (``pooler``), which is restarted: its client connections close under it,
+    as in a pooler's restart. Never by ``application_name`` there: behind a
+    pooler, a session belongs to whichever client borrowed it, and
+    docs/scaling.md warns that the next borrower would be cut.
     """
-    return terminate_backends(application_name) > 0
 
+    def __init__(self, pooler: Any = None) -> None:
+        self.pooler = pooler
+        self.application_name = f"dio-loop-{uuid.uuid4().hex[:6]}"
+        self.env = {"PGAPPNAME": self.application_name}
+        if pooler is not None:
+            self.env["DIO_PGBOUNCER_PORT"] = str(pooler.port)
 
-def pooler_clients(application_name: str) -> int:
-    """How many clients pgbouncer has that call themselves ``application_name``."""
-    owner = django_settings.DATABASES["owner"]
-    with psycopg.connect(host="127.0.0.1", port=os.environ["DIO_PGBOUNCER_PORT"],
-                         user=owner["USER"], password=owner["PASSWORD"], dbname="pgbouncer",
-                         autocommit=True) as admin:
-        cursor = admin.execute("SHOW CLIENTS")
-        names = [column.name for column in cursor.description or ()]
-        return sum(1 for row in cursor.fetchall()
-                   if dict(zip(names, row, strict=True)).get("application_name")
-                   == application_name)
+    def cut(self) -> None:
+        if self.pooler is not None:
+            self.pooler.restart()
+        else:
+            assert terminate_backends(self.application_name) > 0, "the loop had no session"
 
 
 #: Dotted paths of the support modules, for subprocesses and settings.

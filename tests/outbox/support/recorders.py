@@ -66,19 +66,26 @@ class PartitionedRecorder(Consumer):
 
 
 class SlowRecorder(Consumer):
-    """Hangs on the message whose sku is $DIO_HANG_ON, after touching $DIO_HANG_MARKER,
-    for $DIO_HANG_SECONDS (an hour unless set).
+    """Hangs on a message whose sku is $DIO_HANG_ON, after touching $DIO_HANG_MARKER,
+    for $DIO_HANG_SECONDS (an hour unless set) or until the marker is removed; on
+    each such message once (a retry of its batch goes through).
 
-    Used to kill or stop a consumer process while a batch is open.
+    Used to kill, stop or cut off a consumer process while a batch is open.
     """
 
     name = "orders-slow"
     topics = ["order.slow"]
     batch_size = 10
     retry_backoff = 0
+    hung: set[str] = set()
 
     def handle(self, message: Message) -> None:
         record(message)
-        if message.payload.get("sku") == os.environ.get("DIO_HANG_ON"):
-            Path(os.environ["DIO_HANG_MARKER"]).touch()
-            time.sleep(float(os.environ.get("DIO_HANG_SECONDS", "3600")))
+        if (message.payload.get("sku") == os.environ.get("DIO_HANG_ON")
+                and str(message.message_id) not in self.hung):
+            SlowRecorder.hung.add(str(message.message_id))
+            marker = Path(os.environ["DIO_HANG_MARKER"])
+            marker.touch()
+            until = time.monotonic() + float(os.environ.get("DIO_HANG_SECONDS", "3600"))
+            while marker.exists() and time.monotonic() < until:
+                time.sleep(0.02)
