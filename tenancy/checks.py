@@ -258,6 +258,14 @@ def _check_worker_routing(own: list[Any]) -> list[checks.CheckMessage]:
     return errors
 
 
+def _not_inspected(alias: str, exc: DatabaseError) -> list[checks.CheckMessage]:
+    """``tenancy.E010`` for ``alias``, unless check_database_roles reports it (once, not twice)."""
+    if alias in (tenancy_settings.APP_DATABASE, tenancy_settings.WORKER_DATABASE,
+                 tenancy_settings.SYSTEM_DATABASE):
+        return []
+    return [checks.Error(f"Could not inspect database {alias!r}: {exc}", id="tenancy.E010")]
+
+
 def check_privileges(
     app_configs: Any = None, databases: Sequence[str] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
@@ -279,12 +287,7 @@ def check_privileges(
         if findings and owns_tables(aliases[0]):
             return [_will_apply(aliases[0], findings)]
     except DatabaseError as exc:
-        roles_checked = (tenancy_settings.APP_DATABASE, tenancy_settings.WORKER_DATABASE,
-                         tenancy_settings.SYSTEM_DATABASE)
-        if aliases[0] in roles_checked:
-            return []  # check_database_roles reports this alias as tenancy.E010: once, not twice
-        return [checks.Error(f"Could not inspect database {aliases[0]!r}: {exc}",
-                             id="tenancy.E010")]
+        return _not_inspected(aliases[0], exc)
     errors: list[checks.CheckMessage] = []
     for f in findings:
         kinds = "/".join(f.kinds) or "no kind"
@@ -441,12 +444,8 @@ def check_temporary(
                 continue
             holders = temporary_holders(alias)
         except DatabaseError as exc:
-            roles_checked = (tenancy_settings.APP_DATABASE, tenancy_settings.WORKER_DATABASE,
-                             tenancy_settings.SYSTEM_DATABASE)
-            if alias in roles_checked:
-                return []  # check_database_roles reports it as tenancy.E010: once, not twice
-            return [checks.Error(f"Could not inspect database {alias!r}: {exc}",
-                                 id="tenancy.E010")]
+            # check_privileges asked the first alias named, and reported it.
+            return [] if alias == aliases[0] else _not_inspected(alias, exc)
         break
     if not holders:
         return []

@@ -69,6 +69,14 @@ def test_a_database_that_cannot_be_inspected_is_reported_with_e010_not_raised(se
     assert "Could not inspect database 'claims_gone'" in e010[0].msg
 
 
+
+def test_an_alias_of_no_role_that_cannot_be_inspected_is_reported_once(settings):
+    """The owner's alias, say (``check --database owner``): the privilege and temporary-table
+    checks both ask it; one E010 says so."""
+    with extra_alias(settings, "claims_gone", NAME="dio_no_such_database") as alias:
+        messages = checks.run_checks(databases=[alias])
+    assert [m.id for m in messages].count("tenancy.E010") == 1
+
 # --- docs/roles.md: E011 to E013 apply to the worker alias too (check --database worker) ---
 
 
