@@ -939,7 +939,7 @@ def phase_churn(args: argparse.Namespace, results: Results) -> None:
             ).fetchone()
         insert = (f"INSERT INTO idempotency_keys ({insert_new[1]}) SELECT {insert_new[0]}"
                   " FROM generate_series(1, %s) AS g"
-                  " JOIN scale_key_templates AS t ON t.tenant_id = (g * 7919) %% %s + 1")
+                  " JOIN scale_key_templates AS t ON t.tenant_id = (g::bigint * 7919) %% %s + 1")
         for step in range(1, steps + 1):
             with superuser() as conn:
                 conn.execute(insert, [per_step, args.tenants])
