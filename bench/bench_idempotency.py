@@ -18,9 +18,10 @@ gunicorn (several sync workers) driven by wrk over keep-alive connections:
 It prints, per workload, requests/s (the median over rounds, with the range),
 the round trips of one request (counted on the wire in a process of its own,
 ``bench/cpu_idempotency.py --round-trips``) and the CPU per request of the
-gunicorn workers and of PostgreSQL; then the ratios. DESIGN.md's targets hold
+gunicorn workers and of PostgreSQL; then the ratios. The targets hold
 against the tenant-scoped create, what the mixin adds to an RLS user's
-endpoint (first/tenant >= 0.85 and replay/tenant >= 1.9); docs/roles.md's for
+endpoint: first/tenant >= 0.70 and replay/tenant >= 1.9 with public APIs only
+(DESIGN.md asked 0.85 of the first; issue 28 restated it); docs/roles.md's for
 the verified context against the plain one (verified/first >= 0.95). The
 ratios against the autocommit create are printed for scale.
 """
@@ -307,7 +308,7 @@ WORKLOADS = {
 
 RATIOS = [
     # (numerator, denominator, target or None): requests/s, or the inverse of CPU per request
-    ("first", "tenant", 0.85),
+    ("first", "tenant", 0.70),
     ("replay", "tenant", 1.90),
     ("verified", "first", 0.95),
     ("first", "plain", None),
