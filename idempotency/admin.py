@@ -1,21 +1,10 @@
 """Idempotency keys in Django's admin: a read-only list across tenants, and each key's page.
 
-Rows are read through ``TENANCY["ADMIN_DATABASE"]`` (by default the system
-alias; :class:`tenancy.admin.CrossTenantAdmin`): the app alias, confined by
-row-level security, would show no rows outside a tenant context. Giving the
-web process cross-tenant credentials is a real widening of what a bug in it
-could reach, so prefer a role of its own for this alias (BYPASSRLS, SELECT on
-``idempotency_keys`` only), or serve the admin from a separate deployment.
-Staff with the view permission see every tenant's keys, unless
-``TENANCY["ADMIN_TENANTS"]`` confines them.
-
-A key's page shows the answer it replays (status, headers, body) and, in
-phases mode, where it stopped. The list's counts stay cheap on a table of
-millions of keys: no filter lists the table's distinct values (the tenant and
-the scope are typed in), the "show counts" of the state, stuck and expired
-filters are one pass with a condition per choice (never ``key IN
-(subquery)``: a key is unique only with its tenant and scope), and the row
-count stops at 10,000.
+Rows are read through ``TENANCY["ADMIN_DATABASE"]`` (the system alias by
+default; :class:`tenancy.admin.CrossTenantAdmin`), confined to
+``TENANCY["ADMIN_TENANTS"]`` when set. The list stays cheap on millions of
+keys: the tenant and scope are typed in, not listed; each filter's counts are
+one pass; the row count stops at 10,000 (docs/operations.md).
 """
 
 from __future__ import annotations

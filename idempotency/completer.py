@@ -1,23 +1,12 @@
 """Finishing phases-mode requests that their clients abandoned.
 
-A client that gave up halfway (its app was closed, its retries ran out)
-leaves a pending key: perhaps the card was charged and the receipt never
-sent. The completer finds pending keys whose lease has run out and that
-nobody has touched for ``COMPLETE_AFTER``, and runs their program from the
-last recovery point with the request data stored on the key, as the key's
-tenant, exactly as a retry by the client would. Only programs with
-``completable = True`` are finished this way.
-
-Two completers (or a completer and the client's own retry) never both run a
-request: taking a key over is a compare-and-set on its fencing token, so one
-wins and the others see it in progress and skip it.
-
-The completer's work is bounded: each key's failed completer runs are counted
-(``completer_runs``), and after ``COMPLETE_MAX_ATTEMPTS`` of them the
-completer gives up on it: the key is finished with the "abandoned" answer
-(:func:`idempotency.phases.abandoned_answer`, 500 by default), replayed to
-the client's retries, and logged at ERROR for a human: the request may have
-partly taken effect.
+Pending keys of ``completable`` programs whose lease ran out and that nobody
+touched for ``COMPLETE_AFTER`` are run from their last recovery point with
+the request data stored on the key, as a retry by the client would. Taking a
+key over is a compare-and-set on its fencing token, so two completers (or a
+completer and the client) never both run it; after ``COMPLETE_MAX_ATTEMPTS``
+failed runs the key is finished with the abandoned answer and logged at
+ERROR. docs/phases.md, "Abandoned requests: the completer".
 """
 
 from __future__ import annotations

@@ -1,27 +1,15 @@
 """What the library refuses of a keyed request before it looks the key up.
 
-Bad input is answered, never crashed on: each check here raises
-:class:`~idempotency.exceptions.RequestRefused`, which the request flow
-answers as ``application/problem+json`` (400 or 413) with nothing looked up
-and nothing written. The checks, in the order the flow runs them:
-
-- :func:`check_size`: a body larger than Django's ``DATA_UPLOAD_MAX_MEMORY_SIZE``
-  (413 ``body_too_large``), refused by its ``Content-Length`` before a byte is
-  read: Django holds forms to that limit, but DRF's JSON parser reads
-  whatever comes.
-- :func:`check_path`: a NUL in the path (400 ``path_invalid``); PostgreSQL
-  cannot store it as text.
-- :func:`parsed`: reading the body, where Django's own limits
-  (``RequestDataTooBig``, ``TooManyFieldsSent``, ``TooManyFilesSent``) become
-  413s and a JSON document nested past the parser's recursion limit a 400.
-- :func:`check_body`: nesting deeper than ``MAX_BODY_DEPTH`` (400
-  ``body_too_deep``), or text that is not Unicode (a lone surrogate such as
-  ``"\\ud800"``), which no handler could store, render or send on, or that
-  holds a NUL (``"\\u0000"``), which no PostgreSQL text or ``jsonb`` value
-  holds (400 ``body_invalid_text``).
-- :func:`check_storable`: phases mode, the data stored with a pending key:
-  a NUL in it (400 ``body_invalid_text``, PostgreSQL's ``jsonb`` has none) or
-  more than ``MAX_STORED_DATA`` bytes of it (413 ``stored_data_too_large``).
+Each check raises :class:`~idempotency.exceptions.RequestRefused`, answered
+as ``application/problem+json`` with nothing looked up or written, in this
+order: :func:`check_size` (413 by ``Content-Length``, before a byte is read:
+DRF's JSON parser reads whatever comes), :func:`check_path` (400, a NUL),
+:func:`parsed` (Django's limits as 413s, JSON nested past the parser's
+recursion as a 400), :func:`check_body` (400: deeper than
+``MAX_BODY_DEPTH``, a lone surrogate or a NUL, which PostgreSQL's text and
+``jsonb`` cannot hold) and, in phases mode, :func:`check_storable` (the data
+stored with the key: 400 for a NUL, 413 past ``MAX_STORED_DATA``).
+docs/mixin.md lists every status.
 """
 
 from __future__ import annotations

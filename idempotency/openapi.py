@@ -1,22 +1,11 @@
 """The ``Idempotency-Key`` contract in the OpenAPI schema of ``IdempotentViewMixin`` views.
 
 Registered by ``IdempotencyConfig.ready()`` when drf-spectacular is installed
-(see :mod:`django_idempotency_outbox.openapi`). For every unsafe method of a
-view with the mixin, the schema gains:
-
-- the key header (``Idempotency-Key``): a string matching exactly what
-  the library accepts (:func:`idempotency.core.key_pattern`, up to
-  255 characters), required where the view requires a key
-  (``idempotency_key_required``, ``IDEMPOTENCY["REQUIRED"]``; a phases program
-  always does);
-- the library's answers, as problems: 400 (key missing or invalid, body too
-  deep or not Unicode text, path with a NUL), 403 (no tenant), 409 (in
-  progress, with ``Retry-After``), 413 (body over Django's size limits, or a
-  phases program's stored data over 64 KiB), 422 (key reused);
-  each status as set in ``IDEMPOTENCY``/``TENANCY``;
-- the ``Idempotent-Replayed`` header on the view's own documented answers
-  that the library stores and replays (2xx, 3xx and the 4xx not in
-  ``UNSTORED_STATUS_CODES``).
+(:mod:`django_idempotency_outbox.openapi`). Each unsafe method of a view with
+the mixin gains the key header (the pattern the library accepts, required
+where the view requires a key), the library's own answers as problems (400,
+403, 409 with ``Retry-After``, 413, 422, each status as configured), and
+``Idempotent-Replayed`` on the view's answers that are stored and replayed.
 """
 
 from __future__ import annotations

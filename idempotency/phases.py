@@ -1,58 +1,16 @@
 """Phases mode: idempotent requests that call systems outside the database.
 
 A payment capture cannot be one transaction: the gateway's charge is outside
-PostgreSQL. Following "atomic phases" and "recovery points", such a request
-is a small program of phases, each one transaction::
-
-    class Capture(Phases):
-        scope = "payment.capture"
-
-        def started(self, ctx):                    # local writes only
-            Payment.objects.create(tenant_id=ctx.tenant_id, order_id=ctx.kwargs["pk"], ...)
-            return RecoveryPoint("payment_created")
-
-        def payment_created(self, ctx):            # one foreign call per phase
-            charge = gateway.charge(amount, idempotency_key=ctx.foreign_key("charge"))
-            if charge.declined:
-                return Finish(402, {"detail": "card declined"})   # definitive: stored
-            Payment.objects.filter(...).update(charge_id=charge.id)
-            return RecoveryPoint("charged", charge_id=charge.id)
-
-        def charged(self, ctx):
-            publish("payment.captured", {...})     # the receipt goes through the outbox
-            return Finish(201, {"charge": ctx.state["charge_id"]})
-
-How a request goes:
-
-1. **Claim**, committed on its own: the key row is inserted ``pending`` with
-   a lease (``locked_until``, by the database clock) and a fencing token
-   (``lease_token``). A retry of a pending key whose lease has run out takes
-   it over: the token goes up by one and the request resumes at the stored
-   recovery point, with the stored ``ctx.state``.
-2. **Phases**: the method named by the recovery point runs inside
-   ``tenant_context`` (one transaction). Its return value commits with its
-   writes: :class:`RecoveryPoint` moves on, :class:`Finish` stores the final
-   answer. Each commit is a compare-and-set on the fencing token, so an owner
-   whose lease was taken over cannot commit a phase, or an answer, over the
-   new owner's: its transaction is rolled back (:class:`LeaseLost`).
-3. **Failures**: an exception, :class:`Retry` or a 5xx is transient: the
-   phase rolls back, the lease is released at once, nothing final is stored,
-   and the retry resumes at the same recovery point. A definitive failure is
-   a :class:`Finish` with a 4xx: stored and replayed like any final answer.
-   A request that fails or is refused before anything of it happened (a new
-   key, no phase committed, no ``ctx.foreign_key`` asked for) is forgotten
-   instead: nothing is left pending (see :class:`_Run`).
-
-Foreign calls take ``ctx.foreign_key(name)``: stable across retries and
-crashes of this request, different for every tenant, scope, key (and for a
-key reused after it expired), so the foreign system de-duplicates for us.
-
-Pending keys never expire into "new": only a finished key is replaced after
-its TTL. Abandoned pending keys are finished by the completer
-(:mod:`idempotency.completer`) for programs with ``completable = True``,
-which gives up after ``COMPLETE_MAX_ATTEMPTS`` failed attempts; the reaper
-gives up on any pending key nothing has touched for ``GIVE_UP_AFTER``. A key
-given up on is finished with :func:`abandoned_answer`.
+PostgreSQL. Such a request is a program of phases (a :class:`Phases`
+subclass), each one transaction in ``tenant_context`` whose return value
+commits with its writes: :class:`RecoveryPoint` goes on at another phase,
+:class:`Finish` stores the final answer. The key is claimed first, committed
+on its own with a lease and a fencing token; each commit is a compare-and-set
+on the token, so an owner whose lease was taken over cannot commit over the
+new owner (:class:`LeaseLost`). A transient failure releases the lease and a
+retry resumes at the stored recovery point; a request that fails before
+anything of it happened is forgotten (:class:`_Run`). docs/phases.md has the
+example, each kind of crash, fencing and the completer.
 """
 
 from __future__ import annotations

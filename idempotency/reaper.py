@@ -1,21 +1,13 @@
 """Deleting expired idempotency keys of every tenant.
 
-The reaper runs on the system alias (``TENANCY["SYSTEM_DATABASE"]``), whose
-role sees every tenant's keys. It walks the tenants that have keys, and for
-each deletes expired finished rows in bounded batches, one short transaction
-per batch, skipping rows that a live request has locked. Pending keys (phases
-mode) are never deleted, since their work may be half done: they are reported
-instead, for the completer or a human, and once nothing has touched one for
-``GIVE_UP_AFTER`` (72 hours) the reaper gives up on it: it is finished with
-the "abandoned" answer, which its client's retries get, and deleted after its
-TTL like any finished key. No key stays pending forever, whatever its program
-(completable or not, or no longer deployed). One reaper runs at a time: it
-holds a lease, a row of ``idempotency_leases`` kept by the database clock and
-renewed before each batch, and a second one finds it held and raises
-:class:`~idempotency.exceptions.ReaperBusy` (the command exits non-zero, the
-task fails) rather than report a run that did not happen. The lease is a row,
-not a session advisory lock, so it holds behind a transaction pooler: a
-session lock would stay on whichever pooled server session took it.
+On the system alias: tenant by tenant, expired finished keys in bounded
+batches, one short transaction each, skipping rows a live request has
+locked. Pending keys are never deleted: they are reported, and given up on
+once untouched for ``GIVE_UP_AFTER`` (finished with the abandoned answer,
+deleted after their TTL), so no key stays pending forever. One reaper runs
+at a time, under a lease row renewed before each batch (a row, not a session
+lock, so that it holds behind a transaction pooler); a second one raises
+:class:`~idempotency.exceptions.ReaperBusy`. docs/commands.md.
 """
 
 from __future__ import annotations
