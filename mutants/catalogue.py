@@ -816,25 +816,27 @@ CATALOGUE: list[Mutant] = [
         "tasks.requeue-every-once", "outbox.django_tasks",
         "requeue_outbox_tasks --every looks again every SECONDS until SIGTERM",
         "outbox/management/commands/requeue_outbox_tasks.py",
-        "            if every is None or stop.wait(every):\n                return",
-        "            return",
+        "once=every is None",
+        "once=True",
         (O_TASKS + "::test_requeue_every_looks_again_until_sigterm",),
     ),
     mutant(
         "tasks.requeue-every-killed-by-sigterm", "outbox.django_tasks",
         "requeue_outbox_tasks --every stops cleanly on SIGTERM (exit 0)",
         "outbox/management/commands/requeue_outbox_tasks.py",
-        "                signal.signal(sig, lambda *_: stop.set())",
-        "                pass",
+        "        from outbox.loops import run_loop, stop_on_signals",
+        "        from contextlib import nullcontext as stop_on_signals\n"
+        "        from outbox.loops import run_loop",
         (O_TASKS + "::test_requeue_every_looks_again_until_sigterm",),
     ),
     mutant(
         "tasks.requeue-without-tasks-db-exits-0", "outbox.django_tasks",
         "requeue_outbox_tasks without django-tasks-db says so and exits non-zero",
         "outbox/management/commands/requeue_outbox_tasks.py",
-        "            except ConfigurationError as exc:\n                raise CommandError(str(exc)) from exc",
-        "            except ConfigurationError as exc:\n                self.stderr.write(str(exc))\n"
-        "                return",
+        "        with one_line_errors(), stop_on_signals(stop):",
+        "        from contextlib import suppress\n\n"
+        "        from django_idempotency_outbox.errors import ConfigurationError\n\n"
+        "        with suppress(ConfigurationError), stop_on_signals(stop):",
         (O_TASKS + "::test_requeue_without_django_tasks_db_exits_non_zero_saying_so",),
     ),
     # --- outbox: loops ---------------------------------------------------------------------------

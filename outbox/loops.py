@@ -69,6 +69,7 @@ def run_loop(
     stop: threading.Event,
     wake_up: threading.Event | None = None,
     once: bool = False,
+    idle: float | None = None,
 ) -> None:
     """Call ``step`` until ``stop`` is set.
 
@@ -82,6 +83,7 @@ def run_loop(
             :data:`outbox.publishing.wake_up` after each commit).
         once: return after the first idle step (used by ``--once`` and tasks);
             a database error then propagates instead of being retried.
+        idle: seconds to sleep when idle, unless woken (``POLL_INTERVAL`` when None).
     """
     failures = 0
     while not stop.is_set():
@@ -107,8 +109,9 @@ def run_loop(
             continue
         if once:
             return
+        pause = outbox_settings.POLL_INTERVAL if idle is None else idle
         if wake_up is not None:
-            wake_up.wait(outbox_settings.POLL_INTERVAL)
+            wake_up.wait(pause)
             wake_up.clear()
         else:
-            stop.wait(outbox_settings.POLL_INTERVAL)
+            stop.wait(pause)
