@@ -1779,17 +1779,17 @@ CATALOGUE: list[Mutant] = [
         "debezium.signed-as-published", "outbox.debezium",
         "the publisher signs the values as a receiver decodes them from the stored jsonb",
         "outbox/debezium.py",
-        "        payload=_as_stored(payload), headers=_as_stored(headers),",
-        "        payload=payload, headers=headers,",
+        "payload=_as_stored(payload), headers=_as_stored(headers))",
+        "payload=payload, headers=headers)",
         (OUTBOX + "test_debezium.py::test_the_publishers_signature_verifies_as_a_receiver_decodes"
          "_the_record",),
     ),
     mutant(
         "debezium.signature-unchecked", "outbox.debezium",
         "a record changed on the way is refused before its receiver runs",
-        "outbox/debezium.py",
-        "    if not hmac.compare_digest(expected, mark):",
-        "    if not expected:",
+        "outbox/signing.py",
+        "    if not hmac.compare_digest(correct, mark):",
+        "    if not correct:",
         (OUTBOX + "test_debezium.py::test_a_record_changed_on_the_way_is_refused_before_its_receiver"
          "_runs",),
     ),
