@@ -754,8 +754,8 @@ CATALOGUE: list[Mutant] = [
     mutant(
         "tasks.no-retry", "outbox.django_tasks",
         "a failing receiver task is retried (a new task per attempt), then parked",
-        "outbox/django_tasks.py",
-        "        _enqueue_again(task, envelope, attempt + 1, pause)\n",
+        "outbox/receivers.py",
+        "        retry(attempt + 1, pause)\n",
         "        pass\n",
         (O_TASKS,),
     ),
@@ -779,7 +779,7 @@ CATALOGUE: list[Mutant] = [
         "tasks.retry-pause-not-doubled", "outbox.django_tasks",
         "a receiver task's retry pause is 1 s doubled per attempt, up to "
         "RECEIVER_RETRY_BACKOFF_MAX",
-        "outbox/django_tasks.py",
+        "outbox/receivers.py",
         "        pause = retry_pause(attempt)\n",
         "        pause = retry_pause(1)\n",
         (O_TASKS + "::test_a_retry_waits_a_second_doubled_per_attempt_up_to_the_longest_pause",),
@@ -789,9 +789,9 @@ CATALOGUE: list[Mutant] = [
         "a task ends FAILED when it could not settle its message (nor park it, nor enqueue "
         "its retry)",
         "outbox/django_tasks.py",
-        "        _enqueue_again(task, envelope, attempt, pause)\n",
-        "        try:\n            _enqueue_again(task, envelope, attempt, pause)\n"
-        "        except Exception:\n            pass\n",
+        "        lambda number, pause: _enqueue_again(task, envelope, number, pause), using=using)",
+        "        lambda number, pause: _enqueue_again(task, envelope, number, pause)\n"
+        "        if number > attempt else None, using=using)",
         (O_TASKS + "::test_a_task_that_cannot_settle_its_message_ends_failed_and_requeue_makes"
          "_it_ready",),
     ),

@@ -51,7 +51,7 @@ from kombu.utils.url import maybe_sanitize_url
 from outbox import signing
 from outbox.conf import outbox_settings
 from outbox.exceptions import BadSignature
-from outbox.receivers import park, receive, retry_pause
+from outbox.receivers import receive, retry_or_park
 from outbox.stream import Message
 
 if TYPE_CHECKING:  # Task is generic in celery-types; older Celery's Task takes no subscript
@@ -176,41 +176,17 @@ def deliver(task: Task[..., Any], envelope: Any, handle: Callable[[Message], T],
         logger.error("outbox: task %s[%s] received %r, which is not an outbox message: %s",
                      task.name, task.request.id, envelope, exc)
         raise
-    attempt = task.request.retries + 1
     try:
         return handle(message)
     except (Retry, Ignore, Reject):
         raise  # the handler's own instructions to Celery
     except Exception as exc:
-        limit = outbox_settings.RECEIVER_MAX_ATTEMPTS
-        if attempt < limit:
-            pause = retry_pause(attempt)
-            logger.warning(
-                "outbox: task %s failed on message %s of tenant %s (attempt %d of %d): %s: %s;"
-                " retrying in %.1f s", task.name, message.message_id, message.tenant_id,
-                attempt, limit, type(exc).__name__, exc, pause,
-            )
-            _retry(task, exc, pause)
-        try:
-            park(dead_letter_name(task.name), message, attempt, exc, using=using)
-        except Exception as parking:
-            pause = outbox_settings.RECEIVER_RETRY_BACKOFF_MAX
-            logger.error(
-                "outbox: task %s could not park message %s of tenant %s after %d attempts"
-                " (%s: %s); trying it again in %.1f s", task.name, message.message_id,
-                message.tenant_id, attempt, type(parking).__name__, parking, pause,
-            )
-            _retry(task, exc, pause)
-        logger.error(
-            "outbox: task %s gave up on message %s of tenant %s after %d attempts and parked"
-            " it as %s (manage.py outbox_parked --redrive handles it again): %s: %s",
-            task.name, message.message_id, message.tenant_id, attempt,
-            dead_letter_name(task.name), type(exc).__name__, exc,
-        )
+        retry_or_park(task.name, dead_letter_name(task.name), message, task.request.retries + 1,
+                      exc, functools.partial(_retry, task, exc), using=using)
         raise
 
 
-def _retry(task: Task[..., Any], exc: Exception, pause: float) -> NoReturn:
+def _retry(task: Task[..., Any], exc: Exception, _attempt: int, pause: float) -> NoReturn:
     # Celery's own limit must not stop us first: ours is the attempts setting.
     limit = task.request.retries + 1
     try:

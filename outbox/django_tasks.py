@@ -62,7 +62,7 @@ from django_idempotency_outbox.errors import ConfigurationError
 from outbox import signing
 from outbox.conf import outbox_settings, task_for
 from outbox.exceptions import BadSignature
-from outbox.receivers import park, receive, retry_pause
+from outbox.receivers import receive, retry_or_park
 from outbox.stream import Message
 from outbox.transports import Transport
 
@@ -370,33 +370,13 @@ def _hold(result_id: str, backend: Any) -> None:
 def _failed(task: Any, envelope: Any, message: Message, attempt: int, exc: Exception,
             using: str | None) -> dict[str, Any]:
     path = task.module_path
-    limit = outbox_settings.RECEIVER_MAX_ATTEMPTS
-    if attempt < limit:
-        pause = retry_pause(attempt)
-        logger.warning(
-            "outbox: task %s failed on message %s of tenant %s (attempt %d of %d): %s: %s;"
-            " retrying in %.1f s", path, message.message_id, message.tenant_id, attempt, limit,
-            type(exc).__name__, exc, pause)
-        _enqueue_again(task, envelope, attempt + 1, pause)
-        return {"outcome": "retried", "next_attempt": attempt + 1,
-                "error": f"{type(exc).__name__}: {exc}"}
-    try:
-        park(dead_letter_name(path), message, attempt, exc, using=using)
-    except Exception as parking:
-        pause = outbox_settings.RECEIVER_RETRY_BACKOFF_MAX
-        logger.error(
-            "outbox: task %s could not park message %s of tenant %s after %d attempts (%s: %s);"
-            " trying it again in %.1f s", path, message.message_id, message.tenant_id, attempt,
-            type(parking).__name__, parking, pause)
-        _enqueue_again(task, envelope, attempt, pause)
-        return {"outcome": "retried", "next_attempt": attempt,
-                "error": f"{type(exc).__name__}: {exc}"}
-    logger.error(
-        "outbox: task %s gave up on message %s of tenant %s after %d attempts and parked it as "
-        "%s (manage.py outbox_parked --redrive handles it again): %s: %s", path,
-        message.message_id, message.tenant_id, attempt, dead_letter_name(path),
-        type(exc).__name__, exc)
-    return {"outcome": "parked", "attempts": attempt, "error": f"{type(exc).__name__}: {exc}"}
+    error = f"{type(exc).__name__}: {exc}"
+    next_attempt = retry_or_park(
+        path, dead_letter_name(path), message, attempt, exc,
+        lambda number, pause: _enqueue_again(task, envelope, number, pause), using=using)
+    if next_attempt is None:
+        return {"outcome": "parked", "attempts": attempt, "error": error}
+    return {"outcome": "retried", "next_attempt": next_attempt, "error": error}
 
 
 def _enqueue_again(task: Any, envelope: Any, attempt: int, pause: float) -> None:

@@ -104,6 +104,41 @@ def retry_pause(attempt: int) -> float:
     return backoff(attempt, RETRY_BACKOFF, outbox_settings.RECEIVER_RETRY_BACKOFF_MAX)
 
 
+def retry_or_park(task: str, dead_letter: str, message: Message, attempt: int, exc: Exception,
+                  retry: Callable[[int, float], object], *, using: str | None) -> int | None:
+    """What a worker does when receiver ``task`` failed on ``message``: Celery's and Django's.
+
+    While attempts remain, ``retry(next attempt, pause)`` after :func:`retry_pause`;
+    then the message is parked as ``dead_letter``. If even that fails (the database
+    is still down), ``retry`` again after the longest pause: a message is never
+    settled without its effect or its dead letter. Each step is logged.
+
+    Returns:
+        The attempt ``retry`` was asked for, or None once the message is parked.
+    """
+    limit = outbox_settings.RECEIVER_MAX_ATTEMPTS
+    where = f"message {message.message_id} of tenant {message.tenant_id}"
+    if attempt < limit:
+        pause = retry_pause(attempt)
+        logger.warning("outbox: task %s failed on %s (attempt %d of %d): %s: %s; retrying in "
+                       "%.1f s", task, where, attempt, limit, type(exc).__name__, exc, pause)
+        retry(attempt + 1, pause)
+        return attempt + 1
+    try:
+        park(dead_letter, message, attempt, exc, using=using)
+    except Exception as parking:
+        pause = outbox_settings.RECEIVER_RETRY_BACKOFF_MAX
+        logger.error("outbox: task %s could not park %s after %d attempts (%s: %s); trying it "
+                     "again in %.1f s", task, where, attempt, type(parking).__name__, parking,
+                     pause)
+        retry(attempt, pause)
+        return attempt
+    logger.error("outbox: task %s gave up on %s after %d attempts and parked it as %s (manage.py "
+                 "outbox_parked --redrive handles it again): %s: %s", task, where, attempt,
+                 dead_letter, type(exc).__name__, exc)
+    return None
+
+
 def park(consumer: str, message: Message, attempts: int, exc: BaseException,
          *, using: str | None = None) -> None:
     """Copy ``message`` into ``outbox_dead_letters`` as ``consumer``, with ``exc``'s traceback.
