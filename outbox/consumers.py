@@ -246,6 +246,8 @@ def run_batch(consumer: Consumer, partition: int = 0) -> BatchResult:
 
 
 def _run_batch(consumer: Consumer, partition: int, worker: str, system: str) -> BatchResult:
+    from outbox.models import ConsumerFailure  # Consumer is importable before the app registry
+
     limit = consumer.batch_size
     max_attempts = consumer.max_attempts
     with transaction.atomic(using=worker):
@@ -274,7 +276,8 @@ def _run_batch(consumer: Consumer, partition: int, worker: str, system: str) -> 
             # The head had failed before and is now handled or parked: its
             # error (its tenant's row) goes. (Failing again, it is replaced.)
             with tenant_context(messages[0].tenant_id, using=worker):
-                store.clear_failure(worker, consumer.name, partition)
+                ConsumerFailure.objects.using(worker).filter(
+                    consumer=consumer.name, partition=partition).delete()
         if failure is None:
             position = batch.position_after(offset.position)
             store.advance_offset(worker, consumer.name, partition, position)

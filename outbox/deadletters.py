@@ -34,7 +34,7 @@ import traceback
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.auth import get_user_model
@@ -44,11 +44,9 @@ from django.db.models import F, Max, Q, QuerySet
 from django.db.models.functions import Coalesce, Now
 from django.utils.text import smart_split, unescape_string_literal
 
-from outbox import store
 from outbox.consumers import Consumer, configured_consumers
 from outbox.exceptions import ConsumerConfigError
 from outbox.models import DeadLetter, ParkedJob, ParkedMessageRecord
-from outbox.store import Parked
 from outbox.stream import Message
 from tenancy import tenant_context
 from tenancy.aliases import app_alias, system_alias
@@ -63,11 +61,32 @@ JOB_LEASE = timedelta(seconds=120)
 Row = tuple[int, int]  # (tenant_id, id) of a dead-letter row
 
 
+@dataclass(frozen=True)
+class Parked:
+    """A dead-letter row, as listed for people."""
+
+    tenant_id: int
+    id: int
+    consumer: str
+    message_id: str
+    topic: str
+    key: str | None
+    attempts: int
+    parked_at: datetime
+    error: str
+
+
 def list_parked(
     consumer: str | None = None, tenant_id: int | None = None, limit: int = 100
 ) -> list[Parked]:
     """Parked messages across tenants (read on the system alias), oldest first."""
-    return store.list_parked(system_alias(), consumer, tenant_id, limit)
+    rows = DeadLetter.objects.using(system_alias()).order_by("parked_at", "tenant_id", "id")
+    if consumer is not None:
+        rows = rows.filter(consumer=consumer)
+    if tenant_id is not None:
+        rows = rows.filter(tenant_id=tenant_id)
+    return [Parked(r.tenant_id, r.id, r.consumer, str(r.message_id), r.topic, r.key, r.attempts,
+                   r.parked_at, r.error) for r in rows.defer("payload", "headers")[:limit]]
 
 
 @dataclass(frozen=True)
@@ -126,27 +145,32 @@ def _redrive_one(
 ) -> str:
     alias = app_alias()
     with tenant_context(tenant, using=alias):
-        parked = store.lock_parked(alias, tenant, row_id)
-        if parked is None or (only is not None and parked.consumer != only):
+        mine = DeadLetter.objects.using(alias).filter(tenant_id=tenant, id=row_id)
+        row = mine.select_for_update(skip_locked=True).first()  # skipped: someone re-drives it
+        if row is None or (only is not None and row.consumer != only):
             return "missing"
-        name = parked.consumer
+        name = row.consumer
         handle = _receiver_handler(name, tenant, row_id) if _is_receiver(name) else None
         if handle is None and name not in consumers:
             raise ConsumerConfigError(
                 f"parked message {tenant}/{row_id} belongs to consumer {name!r}, which is not "
                 'in OUTBOX["CONSUMERS"]'
             )
+        message = Message(
+            id=row.message_pk, message_id=row.message_id, tenant_id=tenant, topic=row.topic,
+            payload=row.payload, key=row.key, aggregate_type=row.aggregate_type,
+            aggregate_id=row.aggregate_id, headers=row.headers or {},
+            created_at=row.message_created_at)
         try:
             with transaction.atomic(using=alias):
-                (handle or consumers[name].handle)(parked.message)
+                (handle or consumers[name].handle)(message)
         except Exception as exc:
             logger.warning("outbox: re-driving %s/%s for %s failed again: %s",
                            tenant, row_id, name, exc)
             error = "".join(traceback.format_exception(exc)).strip()
-            DeadLetter.objects.using(alias).filter(tenant_id=tenant, id=row_id).update(
-                attempts=F("attempts") + 1, error=error, redrive_failed_at=Now())
+            mine.update(attempts=F("attempts") + 1, error=error, redrive_failed_at=Now())
             return "failed"
-        store.delete_parked(alias, tenant, row_id)
+        mine.delete()
         return "handled"
 
 

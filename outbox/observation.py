@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
+from django.db.models import Count
+
 from outbox import store
 from outbox.store import SQL, Publisher, ReaderState
 from tenancy.aliases import system_alias
@@ -106,9 +108,12 @@ def observe(using: str | None = None, *, count_messages: bool = False) -> Observ
     readers = store.reader_states(alias)
     publishers = store.publishers_in_flight(alias)
     held_back = store.count_waiting(alias, publishers)
-    parked = store.parked_counts(alias)
-    total = store.count_messages(alias) if count_messages else None
-    return Observation(allocated, readers, publishers, held_back, parked, total)
+    from outbox.models import DeadLetter, OutboxMessage
+
+    parked = DeadLetter.objects.using(alias).values_list("consumer").annotate(n=Count("*"))
+    total = OutboxMessage.objects.using(alias).count() if count_messages else None
+    return Observation(allocated, readers, publishers, held_back, dict(parked.order_by()),
+                       total)
 
 
 def status(using: str | None = None) -> Observation:

@@ -151,6 +151,9 @@ def park(consumer: str, message: Message, attempts: int, exc: BaseException,
         message = replace(message, created_at=timezone.now())
     error = "".join(traceback.format_exception(exc)).strip()
     with tenant_context(message.tenant_id, using=alias):
-        if not store.is_parked(alias, consumer, message.message_id):
+        from outbox.models import DeadLetter
+
+        if not DeadLetter.objects.using(alias).filter(consumer=consumer,
+                                                      message_id=message.message_id).exists():
             store.park(alias, consumer, message, attempts, error)
             transaction.on_commit(lambda: metrics.parked(consumer), using=alias)

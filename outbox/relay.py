@@ -71,7 +71,7 @@ from outbox.publishing import wake_up
 from outbox.stream import Batch, Envelope, Message, Position
 from outbox.transports import Transport, get_transport
 from tenancy.aliases import system_alias, worker_alias
-from tenancy.leases import owner_id
+from tenancy.leases import Lease, owner_id
 
 logger = logging.getLogger("outbox")
 
@@ -260,7 +260,9 @@ class Relay:
         self.batch_size = batch_size or BATCH_SIZE
         self.alias = system_alias()  # reads the stream across tenants
         self.lease_alias = worker_alias()  # the offset row: lease, heartbeat, advance
-        self.lease = store.relay_lease(self.lease_alias, self.offset_name, owner_id())
+        # On its offset row: a claim returns its position (last_id, held); the advance
+        # compares the owner (store.advance_leased).
+        self.lease = Lease("outbox", self.offset_name, self.lease_alias, owner_id())
         self.owner = self.lease.owner
         self.stop = threading.Event()
         self.sent = 0
