@@ -70,7 +70,23 @@ class XID8Field(models.Field):  # type: ignore[type-arg]
         return None if value is None else str(int(value))
 
 
-class OutboxMessage(models.Model):
+class MessageColumns(models.Model):
+    """What a message says, declared once for the outbox and its dead letters."""
+
+    topic = models.CharField(max_length=200)
+    # NULL, not "": no key means no ordering promise (and partitions spread
+    # such messages by message id), which an empty string would blur.
+    key = models.CharField(max_length=200, null=True)  # noqa: DJ001
+    aggregate_type = models.CharField(max_length=200, null=True)  # noqa: DJ001
+    aggregate_id = models.CharField(max_length=200, null=True)  # noqa: DJ001
+    payload = models.JSONField()
+    headers = models.JSONField(default=dict)
+
+    class Meta:
+        abstract = True
+
+
+class OutboxMessage(MessageColumns):
     """One event, written in the same transaction as the change it announces.
 
     Append-only: the app role may insert and read (its own tenant's rows), never
@@ -90,14 +106,6 @@ class OutboxMessage(models.Model):
     id = models.BigIntegerField()
     xid = XID8Field()
     message_id = models.UUIDField()
-    topic = models.CharField(max_length=200)
-    # NULL, not "": no key means no ordering promise (and partitions spread
-    # such messages by message id), which an empty string would blur.
-    key = models.CharField(max_length=200, null=True)  # noqa: DJ001
-    aggregate_type = models.CharField(max_length=200, null=True)  # noqa: DJ001
-    aggregate_id = models.CharField(max_length=200, null=True)  # noqa: DJ001
-    payload = models.JSONField()
-    headers = models.JSONField(default=dict)
     created_at = models.DateTimeField(db_default=Now())
 
     class Meta:
@@ -107,7 +115,27 @@ class OutboxMessage(models.Model):
         return f"{self.tenant_id}/{self.id} {self.topic} ({self.message_id})"
 
 
-class ConsumerOffset(models.Model):
+class OffsetColumns(models.Model):
+    """The columns of ``consumer_offsets`` that people read, for its two models."""
+
+    name = models.CharField(max_length=200)
+    partition = models.IntegerField(default=0)
+    partition_count = models.IntegerField(default=1)
+    last_id = models.BigIntegerField(default=0)
+    held = models.JSONField(default=dict)
+    last_processed_at = models.DateTimeField(null=True)
+    attempts = models.IntegerField(default=0)
+    lease_owner = models.CharField(max_length=200, blank=True, default="")
+    lease_until = models.DateTimeField(null=True)
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return f"{self.name}[{self.partition}] at {self.last_id}"
+
+
+class ConsumerOffset(OffsetColumns):
     """How far one reader (a consumer partition, or a relay) has read.
 
     Global, not per tenant: a reader follows the one stream of all tenants.
@@ -123,25 +151,27 @@ class ConsumerOffset(models.Model):
     """
 
     pk = models.CompositePrimaryKey("name", "partition")
-    name = models.CharField(max_length=200)
-    partition = models.IntegerField(default=0)
-    partition_count = models.IntegerField(default=1)
-    last_id = models.BigIntegerField(default=0)
-    held = models.JSONField(default=dict)
-    last_processed_at = models.DateTimeField(null=True)
-    attempts = models.IntegerField(default=0)
     retry_at = models.DateTimeField(null=True)
-    lease_owner = models.CharField(max_length=200, blank=True, default="")
-    lease_until = models.DateTimeField(null=True)
 
     class Meta:
         db_table = "consumer_offsets"
 
-    def __str__(self) -> str:
-        return f"{self.name}[{self.partition}] at {self.last_id}"
+
+class FailureColumns(models.Model):
+    """Which message of whose a consumer (or receiver) failed on, how often, and why."""
+
+    tenant_id = models.BigIntegerField()
+    consumer = models.CharField(max_length=200)
+    message_pk = models.BigIntegerField()
+    message_id = models.UUIDField()
+    attempts = models.IntegerField()
+    error = models.TextField()
+
+    class Meta:
+        abstract = True
 
 
-class ConsumerFailure(models.Model):
+class ConsumerFailure(FailureColumns):
     """Why a consumer partition is stuck before a message: its tenant's row, under RLS.
 
     Written by the consumer's batch (on the worker alias, as the message's
@@ -152,13 +182,7 @@ class ConsumerFailure(models.Model):
     tenant_isolated = True
 
     pk = models.CompositePrimaryKey("tenant_id", "consumer", "partition")
-    tenant_id = models.BigIntegerField()
-    consumer = models.CharField(max_length=200)
     partition = models.IntegerField()
-    message_pk = models.BigIntegerField()
-    message_id = models.UUIDField()
-    attempts = models.IntegerField()
-    error = models.TextField()
     failed_at = models.DateTimeField(db_default=Now())
 
     class Meta:
@@ -168,28 +192,11 @@ class ConsumerFailure(models.Model):
         return f"{self.consumer}[{self.partition}]: {self.tenant_id}/{self.message_pk}"
 
 
-class DeadLetterColumns(models.Model):
-    """The columns of ``outbox_dead_letters``, declared once for its two models.
+class DeadLetterColumns(MessageColumns, FailureColumns):
+    """The columns of ``outbox_dead_letters``, for :class:`DeadLetter` (the table, its
+    composite primary key) and :class:`ParkedMessageRecord` (the admin's view of it)."""
 
-    :class:`DeadLetter` (the table, its composite primary key) and
-    :class:`ParkedMessageRecord` (the admin's view of it) both inherit them.
-    """
-
-    tenant_id = models.BigIntegerField()
-    consumer = models.CharField(max_length=200)
-    message_pk = models.BigIntegerField()
-    message_id = models.UUIDField()
-    topic = models.CharField(max_length=200)
-    # NULL, not "": no key means no ordering promise (and partitions spread
-    # such messages by message id), which an empty string would blur.
-    key = models.CharField(max_length=200, null=True)  # noqa: DJ001
-    aggregate_type = models.CharField(max_length=200, null=True)  # noqa: DJ001
-    aggregate_id = models.CharField(max_length=200, null=True)  # noqa: DJ001
-    payload = models.JSONField()
-    headers = models.JSONField(default=dict)
     message_created_at = models.DateTimeField()
-    attempts = models.IntegerField()
-    error = models.TextField()
     #: When it was parked: the consumer's (or receiver's) last attempt. A
     #: re-drive that fails again does not move it (see ``redrive_failed_at``).
     parked_at = models.DateTimeField(db_default=Now())
@@ -319,7 +326,7 @@ class ParkedJob(models.Model):
         return f"job {self.id}: {self.get_action_display()} ({self.state})"
 
 
-class ReaderPositionRecord(models.Model):
+class ReaderPositionRecord(OffsetColumns):
     """The readers' offset rows as the admin lists them (read-only).
 
     Unmanaged, with ``name`` standing in as the primary key for the admin
@@ -327,20 +334,9 @@ class ReaderPositionRecord(models.Model):
     """
 
     name = models.CharField(max_length=200, primary_key=True)
-    partition = models.IntegerField()
-    partition_count = models.IntegerField()
-    last_id = models.BigIntegerField()
-    held = models.JSONField()
-    last_processed_at = models.DateTimeField(null=True)
-    attempts = models.IntegerField()
-    lease_owner = models.CharField(max_length=200)
-    lease_until = models.DateTimeField(null=True)
 
     class Meta:
         managed = False
         db_table = "consumer_offsets"
         verbose_name = "reader position"
         ordering = ["name", "partition"]
-
-    def __str__(self) -> str:
-        return f"{self.name}[{self.partition}] at {self.last_id}"
