@@ -1,49 +1,23 @@
-"""The relay: from ``outbox_messages`` to a broker, at least once.
+"""The relay: from ``outbox_messages`` to a broker, at least once (docs/outbox.md, "The relay").
 
-A relay reads the stream on the system alias and keeps its offset row (lease,
-heartbeat, advance) on the worker alias, like a consumer, with one
-difference: its effect (publishing to a broker) is outside the database, so it
-cannot share a transaction with the offset. Each round therefore is::
+It reads the stream on the system alias and keeps its offset row on the worker
+alias. Its effect is outside the database, so it cannot share a transaction
+with the offset; each round is::
 
-    1. claim the lease on the offset row           (one UPDATE, committed; only
-                                                    when the lease is not held:
-                                                    then the position known
-                                                    here is current)
-    2. read the next batch after the position      (one SELECT)
-    3. send the batch to the broker                (no transaction open)
-    4. advance the offset, compare-and-set on the old position and the lease
+    1. claim the lease on the offset row      (an UPDATE, committed; only when not
+                                               held: then the position here is current)
+    2. read the next batch after the position (a SELECT; for a full batch, the one
+                                               after is read meanwhile: _ReadAhead)
+    3. sign it (SIGNING_KEYS) and send it     (no transaction open)
+    4. advance the offset: compare-and-set on the old position and the lease
 
-While 3 and 4 run for a full batch, a thread of the relay's own reads the
-batch after it (:class:`_ReadAhead`): the database and the broker work at
-the same time. A read only looks: it takes the position it would have had
-anyway, and is used only if the round ends at that position with the lease
-still held; otherwise it is dropped and the next round reads again.
-
-With ``OUTBOX["SIGNING_KEYS"]`` set, each message is signed between 2 and 3
-(:mod:`outbox.signing`), whichever way its envelope is built.
-
-A crash between 3 and 4 sends the batch again on restart (at-least-once);
-receivers drop the duplicates by message id. If the broker fails, the offset
-stays put and the batch is retried after a growing pause: nothing is skipped.
-
-Several relays may run (on several hosts); the lease lets one of them work at
-a time. It is short (``RELAY_LEASE``, 1 s) and renewed by a heartbeat thread
-on a connection of its own, every quarter of its length, whatever the batch
-in flight is doing: a relay whose broker call takes minutes keeps its lease,
-and one that dies (SIGKILL, a lost host) stops renewing, so a waiting relay
-takes over within the lease. The lease lives in a row and each renewal is a
-statement of its own, so relays work through pgbouncer in transaction mode
-(a session advisory lock would not: it stays on the pooled server connection).
-The lease decides who works, never what is delivered: the compare-and-set in
-4 keeps a relay that lost its lease (its heartbeat could not reach the
-database) from moving the offset under the one that took over.
-
-:func:`rewind` sets a relay's position back (a broker lost messages) and drops
-its lease. The working relay remembers its position only while its lease is
-its own: its heartbeat's next renewal finds the lease gone, and its next round
-claims the lease again, which returns the rewound position. A round that was
-already under way when the rewind committed cannot advance: its
-compare-and-set on the old position and the lease fails.
+A crash between 3 and 4 sends the batch again (receivers drop duplicates by
+message id); a broker error keeps the offset and retries after a growing pause.
+The lease lets one relay of many work; a heartbeat thread renews it. It lives
+in a row, each renewal a statement of its own, so relays work through
+pgbouncer in transaction mode (a session advisory lock would stay on the
+pooled connection). It decides who works, never what is delivered: the
+compare-and-set keeps a relay that lost it from moving the offset.
 """
 
 from __future__ import annotations
@@ -99,17 +73,13 @@ def relay_readers(names: Iterable[str]) -> list[str]:
 
 
 class _Heartbeat:
-    """Renews a relay's lease every quarter of its length, on a connection of its own.
+    """Renews a relay's lease every quarter of its length, in a thread (so on a connection)
+    of its own, from the claim until :meth:`stop`.
 
-    Runs in a daemon thread (Django gives each thread its own connection)
-    from the moment the lease is claimed until :meth:`stop`. When a renewal
-    finds the lease no longer this relay's (another relay took it over, or
-    :func:`rewind` dropped it), it sets :attr:`lost` and ends, and the relay
-    reads its position again before its next round: it never renews a lease,
-    and so never keeps a remembered position, that the row no longer backs. A
-    database error is logged and the next beat tries again on a new
-    connection; if none succeeds within the lease, another relay may take
-    over, and the compare-and-set on the offset keeps this one from moving it.
+    A renewal that finds the lease another's (taken over, or dropped by
+    :func:`rewind`) sets :attr:`lost` and ends: the relay reads its position
+    again rather than keep one the row no longer backs. A database error is
+    logged and the next beat tries on a new connection.
     """
 
     def __init__(self, relay: Relay, lease: float) -> None:
@@ -152,11 +122,9 @@ class _Heartbeat:
 class _ReadAhead:
     """Reads the relay's next batch on a thread of its own while the current one is sent.
 
-    The read after a position does not depend on anything the send or the
-    advance of the batch before it does: it is the read the next round would
-    make, made earlier (the fence makes any read gap-safe, whenever it runs:
-    :func:`outbox.store.read_batch`). The thread keeps its own connection to
-    the system alias, closed by :meth:`close`.
+    It is the read the next round would make, made earlier (the fence makes any
+    read gap-safe, whenever it runs), used only by a round that starts where it
+    was read from. The thread's connection is closed by :meth:`close`.
     """
 
     def __init__(self, relay: Relay) -> None:
@@ -347,11 +315,7 @@ class Relay:
         except Exception as exc:
             self._position = None  # re-read the offset and renew the lease next time
             self._broker_failures += 1
-            pause = backoff(
-                self._broker_failures,
-                BROKER_BACKOFF,
-                BROKER_BACKOFF_MAX,
-            )
+            pause = backoff(self._broker_failures, BROKER_BACKOFF, BROKER_BACKOFF_MAX)
             logger.warning(
                 "outbox: relay %s could not send %d message(s) (%s: %s); "
                 "sending them again in %.1f s",
@@ -362,10 +326,8 @@ class Relay:
         if self._broker_failures:
             logger.info("outbox: relay %s reaches the broker again", self.name)
             self._broker_failures = 0
-        advanced = store.advance_leased(
-            self.lease_alias, self.offset_name, self.owner, position, moved
-        )
-        if not advanced:
+        if not store.advance_leased(self.lease_alias, self.offset_name, self.owner, position,
+                                    moved):
             self._position = None
             logger.warning(
                 "outbox: relay %s lost its lease while sending; another relay will send "
@@ -447,15 +409,11 @@ def rewind(
 ) -> Rewind:
     """Set the relay back so that it sends again every message from ``to`` on.
 
-    For a broker that lost messages the relay had already sent (a Redis
-    restarted without persistence, a queue purged by mistake): the outbox
-    keeps every message until ``OUTBOX["RETENTION"]``, so they can be sent
-    again. Receivers skip what they had already handled (``outbox_received``).
-    A running relay carries on from the new position, nothing has to be
-    stopped: the lease is dropped with the move, so the relay's heartbeat
-    finds it gone within a quarter of ``RELAY_LEASE`` and the relay reads its
-    position again; a round already under way fails its compare-and-set on
-    the old position and sends its batch again from there.
+    For a broker that lost messages the relay had sent: the outbox keeps them
+    until ``OUTBOX["RETENTION"]``, and receivers skip what they had handled.
+    The lease is dropped with the move, so a running relay's heartbeat finds it
+    gone and the relay reads the new position; a round under way fails its
+    compare-and-set and sends its batch again (docs/outbox.md).
 
     Args:
         to: a message id (that message and everything after it in delivery
