@@ -1,32 +1,14 @@
 """The Celery side of receivers: retries, dead letters, and the settings they need.
 
-A Celery task built with :func:`receiver` (``outbox.receiver``) is what the
-relay's messages end in, so its failures must not lose them. Run by a worker, a receiver that
-fails (a lost database, a deadlock, a broker error, a bug) is retried with a
-growing pause (1 s, doubling up to ``OUTBOX["RECEIVER_RETRY_BACKOFF_MAX"]``);
-after ``RECEIVER_MAX_ATTEMPTS`` attempts the message is parked in
-``outbox_dead_letters`` (as its tenant, under row-level security) with an
-ERROR log naming it, and ``manage.py outbox_parked --redrive`` handles it
-again. If even parking fails (the database is still down), the message is
-retried again later: it is never acknowledged without either its effect or
-its dead letter.
-
-What a worker and its broker must do for that promise, and what this module
-checks (``manage.py check`` and a warning when a worker starts):
-
-- acknowledge late (``acks_late``), so that a worker that dies while running
-  the task leaves the message with the broker;
-- reject, not acknowledge, when the pool process running it is lost
-  (``reject_on_worker_lost``), and when it is killed by its hard time limit;
-- on Redis (and SQS), a visibility timeout longer than the task can run and
-  than the longest retry pause: a message taken by a worker that died is
-  delivered again once the visibility timeout has passed (an hour by
-  default), and one still unacknowledged after it is delivered a second time;
-- on Redis, an append-only file (``appendonly yes``): without it a restart of
-  Redis loses every queued task (``relay_outbox --rewind-to`` sends them again).
-
-:class:`ReceiverTask` is a task base class with the first three set, whatever
-the app's defaults::
+A receiver task (:func:`receiver`) is where the relay's messages end, so its
+failures must not lose them: retried with a growing pause, then parked
+(:func:`outbox.receivers.retry_or_park`); never acknowledged without its effect
+or its dead letter. That also takes a worker and broker set as docs/outbox.md's
+table says (late acknowledgement, rejection when the pool process is lost or
+hits its hard time limit, a visibility timeout longer than the task and its
+pauses, Redis's append-only file), which this module checks (``manage.py
+check`` and a warning when a worker starts). :class:`ReceiverTask` sets the
+task's part whatever the app's defaults::
 
     @app.task(base=ReceiverTask, name="shop.send_receipt")
     @receiver("shop.send_receipt")

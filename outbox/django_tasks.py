@@ -1,46 +1,13 @@
-"""The outbox on Django's Tasks framework: a transport that enqueues, receivers that are tasks.
+"""The outbox on Django's Tasks framework, no Celery needed (docs/django-tasks.md).
 
-``django.tasks`` (Django 6.0) or its backport for Django 5.2, the
-``django-tasks`` package (module ``django_tasks``): whichever is importable,
-``django.tasks`` first. No Celery is needed anywhere.
-
-The relay enqueues each message as a task (:class:`DjangoTasksTransport`)::
-
-    OUTBOX = {
-        "TRANSPORT": "outbox.django_tasks.DjangoTasksTransport",
-        "TASKS_TASK": {
-            "order.paid": "shop.tasks.send_receipt",  # a task per topic...
-            "*": "shop.tasks.on_event",               # ...and one for every other topic
-        },
-    }
-
-and a receiver is a task built by :func:`receiver_task`::
-
-    @receiver_task("shop.send_receipt")
-    def send_receipt(message):              # an outbox.Message, as its tenant
-        Receipt.objects.create(...)
-
-It keeps the promises of a Celery receiver (docs/django-tasks.md): its record
-in ``outbox_received`` drops duplicates in the transaction of its writes; a
-failure is retried (a new task, after 1 s doubled per attempt up to
-``RECEIVER_RETRY_BACKOFF_MAX``, where the backend can defer) and parked in ``outbox_dead_letters``
-as ``tasks:<task path>`` after ``RECEIVER_MAX_ATTEMPTS``; the tenant comes
-from the envelope; with ``SIGNING_KEYS`` set an envelope that does not verify
-is refused.
-
-What the outbox can promise depends on the backend:
-
-- **django-tasks-db** (``django_tasks_db.DatabaseBackend``): a batch is
-  enqueued in one transaction on the tasks' database, committed before the
-  relay advances its offset: at least once, and a batch is in the queue whole
-  or not at all. A worker that dies mid-task leaves its task marked
-  RUNNING for good; :func:`requeue_stalled` (``manage.py
-  requeue_outbox_tasks``) makes it ready again once it is no longer held (a
-  running receiver holds its task's row locked in its transaction).
-- **any other backend**: at least once only as far as its ``enqueue`` stores
-  the task durably before returning; the outbox cannot tell (``outbox.W121``).
-  Django's ``ImmediateBackend`` runs the receiver inside the relay's
-  ``enqueue``; the ``DummyBackend`` keeps nothing (``outbox.E120``).
+``django.tasks`` (Django 6.0) or, else, its backport ``django_tasks``. The relay
+enqueues each message as the task ``OUTBOX["TASKS_TASK"]`` names for its topic
+(:class:`DjangoTasksTransport`); a receiver is a task made by
+:func:`receiver_task`, with a Celery receiver's promises. At least once holds
+as far as the backend stores a task before ``enqueue`` returns: django-tasks-db
+does, a batch in one transaction (and :func:`requeue_stalled` gives back the
+task of a worker that died); for any other the outbox cannot tell (``W121``);
+the dummy backend keeps nothing (``E120``).
 """
 
 from __future__ import annotations
@@ -49,6 +16,7 @@ import functools
 import importlib
 import logging
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import nullcontext
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -103,6 +71,12 @@ def _database_backend() -> type | None:
     except ImportError:
         return None
     return DatabaseBackend
+
+
+def _uses_database(backend: Any) -> bool:
+    """Whether ``backend`` is django-tasks-db's."""
+    found = _database_backend()
+    return found is not None and isinstance(backend, found)
 
 
 def _dummy_backend() -> type | None:
@@ -170,11 +144,7 @@ class DjangoTasksTransport(Transport):
                 routes[message.topic] = self.task_for(message.topic)
         tasks = [routes[m.topic] for m in messages]
         database = self._one_database(routes.values())
-        if database is None:
-            for message, task in zip(messages, tasks, strict=True):
-                task.enqueue(message.envelope())
-            return
-        with transaction.atomic(using=database):
+        with nullcontext() if database is None else transaction.atomic(using=database):
             for message, task in zip(messages, tasks, strict=True):
                 task.enqueue(message.envelope())
 
@@ -187,12 +157,7 @@ class DjangoTasksTransport(Transport):
         envelopes and has no row-level security: the web role has no privilege
         on it, ``outbox.E124``).
         """
-        backend_class = _database_backend()
-        if backend_class is None:
-            return None
-        if not all(isinstance(t.get_backend(), backend_class) for t in tasks):
-            return None
-        return queue_alias()
+        return queue_alias() if all(_uses_database(t.get_backend()) for t in tasks) else None
 
     def check(self) -> list[checks.CheckMessage]:
         """``outbox.E120``: no task, or a backend that keeps nothing; ``W121``: one we
@@ -334,17 +299,11 @@ def _holding(backend: Any, using: str | None) -> Any:
     (or with it, when its worker is killed), and a retry it enqueues commits
     with it.
     """
-    from contextlib import nullcontext
-
     from tenancy.aliases import app_alias
 
-    backend_class = _database_backend()
-    if backend_class is None or not isinstance(backend, backend_class):
+    if not _uses_database(backend) or queue_alias() == app_alias(using):
         return nullcontext()
-    database = queue_alias()
-    if database == app_alias(using):
-        return nullcontext()
-    return transaction.atomic(using=database)
+    return transaction.atomic(using=queue_alias())
 
 
 def _hold(result_id: str, backend: Any) -> None:
@@ -355,8 +314,7 @@ def _hold(result_id: str, backend: Any) -> None:
     :func:`requeue_stalled` skips locked rows: a RUNNING task whose row is free
     past :data:`STALLED_AFTER` has no live receiver.
     """
-    backend_class = _database_backend()
-    if backend_class is None or not isinstance(backend, backend_class):
+    if not _uses_database(backend):
         return
     from django_tasks_db.models import DBTaskResult
 
