@@ -320,8 +320,8 @@ CATALOGUE: list[Mutant] = [
         "consumer.read-as-app-role", "outbox.consumers",
         "the stream is read on the system alias (every tenant's messages)",
         "outbox/consumers.py",
-        "        batch = store.read_batch(\n            system,",
-        "        batch = store.read_batch(\n            app,",
+        "        batch = store.read_batch(system, offset.position, consumer.batch_size,",
+        "        batch = store.read_batch(app, offset.position, consumer.batch_size,",
         (OUTBOX + "test_consumers.py",),
     ),
     mutant(

@@ -1,19 +1,12 @@
 """Receiving relayed messages, each message's effect once, whatever runs the receiver.
 
-The relay delivers at least once, so a task may receive a message twice. The
-receiver records the message id in ``outbox_received`` in the same
-transaction as the task's own writes: a duplicate finds the id already there
-and is skipped, and a task that fails rolls the record back with its writes.
-Concurrent duplicates wait on the primary key and the second one is skipped
-when the first commits.
-
-With ``OUTBOX["SIGNING_KEYS"]`` set, an envelope whose signature does not
-verify is refused before anything else (:mod:`outbox.signing`).
-
-A receiver that fails is retried with a growing pause (:func:`retry_pause`)
-and parked in the dead-letter table when its attempts run out (:func:`park`):
-Celery's receivers are tasks built with :func:`outbox.celery.receiver`
-(``outbox.receiver``), Django's with :func:`outbox.django_tasks.receiver_task`.
+The relay delivers at least once, so a receiver records each message id in
+``outbox_received`` in the transaction of its own writes: a duplicate finds
+the id there and is skipped (a concurrent one waits on the primary key), and
+a failure rolls the record back with the writes. An envelope whose signature
+does not verify is refused first (:mod:`outbox.signing`). A failing receiver
+task is retried, then parked (:func:`retry_or_park`): Celery's are built with
+:func:`outbox.celery.receiver`, Django's with :func:`outbox.django_tasks.receiver_task`.
 """
 
 from __future__ import annotations

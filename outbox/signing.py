@@ -1,24 +1,13 @@
 """The relay's signature on each envelope, and the receivers' check of it.
 
 Anyone who can write to the broker's queues could hand a receiver an envelope
-of their own making, for any tenant. With ``OUTBOX["SIGNING_KEYS"]`` set, the
-relay adds to every envelope it sends an HMAC-SHA256 of the envelope's
-content, and a receiver refuses an envelope whose signature does not verify,
-before its handler runs and before anything is written as the tenant the
-envelope names (docs/outbox.md, "Who may write to the broker").
-
-The signature is the envelope's last key, ``"signature"``::
-
-    v1.<key id>.<HMAC-SHA256 in 64 hex digits>
-
-``v1`` names the scheme and the key id (:class:`outbox.conf.SigningKey`) the
-key. The MAC covers every other key of the envelope: it is taken over
-``b"outbox envelope v1\\n"`` followed by the JSON of the envelope without its
-signature, keys sorted, no spaces, non-ASCII escaped. JSON is unambiguous
-(two different envelopes never encode alike), and both sides encode the
-values as a receiver decodes them: the relay decodes the envelope that
-PostgreSQL wrote before signing it, so a number is signed as the receiver
-will see it, whatever digits PostgreSQL wrote for it.
+of their making, for any tenant. With ``OUTBOX["SIGNING_KEYS"]`` set, the relay
+appends ``"signature": "v1.<key id>.<HMAC-SHA256>"`` to every envelope, and a
+receiver refuses one that does not verify before anything runs or is written
+as the tenant it names (docs/outbox.md, "Who may write to the broker"). The MAC
+is over the envelope's other keys as JSON (unambiguous: keys sorted, no spaces,
+non-ASCII escaped), of the values as a receiver decodes them: the relay decodes
+PostgreSQL's JSON to sign it, whatever digits PostgreSQL wrote for a number.
 """
 
 from __future__ import annotations
