@@ -182,9 +182,6 @@ def _retry(task: Task[..., Any], exc: Exception, _attempt: int, pause: float) ->
     raise AssertionError("Task.retry() returned")  # pragma: no cover - it always raises
 
 
-# -- re-driving ------------------------------------------------------------------
-
-
 def celery_app() -> Any:
     """The Celery app the outbox sends to: ``OUTBOX["CELERY_APP"]``, else Celery's current app."""
     name = outbox_settings.CELERY_APP
@@ -210,9 +207,6 @@ def receiver_body(task_name: str) -> Callable[..., Any] | None:
     task = app.tasks.get(task_name)
     run = getattr(task, "run", None)
     return run if getattr(run, "outbox_receiver", None) else None
-
-
-# -- what a worker and its broker must do --------------------------------------
 
 
 @dataclass(frozen=True)

@@ -54,8 +54,6 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     return check(outbox_settings, SETTINGS_CHECK_IDS)
 
 
-# -- the fence ----------------------------------------------------------------
-
 def _postgresql(databases: Sequence[str] | None) -> list[str]:
     """The aliases of ``databases`` on PostgreSQL (tenancy.E005 reports the others)."""
     return [alias for alias in databases or () if "postgresql" in
@@ -166,8 +164,6 @@ def check_prepared_transactions(
     return []
 
 
-# -- the receivers ------------------------------------------------------------
-
 #: Set while the check imports the tasks' modules: Celery's Django fix-up runs
 #: Django's system checks when task modules are imported, which would run this
 #: check again, and import again, without end.
@@ -199,9 +195,6 @@ def check_receivers(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
     finally:
         _importing.active = False
     return [checks.Warning(p.message, hint=p.hint, id=p.id) for p in problems]
-
-
-# -- the relay's broker ----------------------------------------------------------
 
 
 def check_relay_broker(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:

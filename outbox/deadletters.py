@@ -215,9 +215,6 @@ def discard(ids: Sequence[Row], *, by: str = "") -> int:
     return len(gone)
 
 
-# -- which rows ----------------------------------------------------------------
-
-
 def search_terms(search: str) -> Q:
     """What the admin's search box matches: each term (quotes keep words together) in the
     key, topic, consumer or error (the traceback), or equal to the message id."""
@@ -249,9 +246,6 @@ def matching(job: ParkedJob, using: str | None = None) -> QuerySet[DeadLetter]:
     if job.rows is not None:
         rows = rows.filter(pk__in=[tuple(r) for r in job.rows])
     return rows
-
-
-# -- jobs ------------------------------------------------------------------------
 
 
 def enqueue(
@@ -409,9 +403,6 @@ def _finish(job: ParkedJob, jobs: QuerySet[ParkedJob], state: str, error: str = 
     if job.user_id is not None:
         audit(job.user_id, ParkedJob, str(job.pk), str(job), CHANGE, text)
     return True
-
-
-# -- who did what ------------------------------------------------------------------
 
 
 def audit(user_id: int, model: type[ParkedJob] | type[ParkedMessageRecord], object_id: str,

@@ -46,9 +46,6 @@ HEADERS = ("id", "tenant_id", "type", "outbox_id", "aggregate_type", "aggregate_
 Headers = Mapping[str, bytes | str | None] | Iterable[tuple[str, bytes | str | None]]
 
 
-# -- the publisher's signature --------------------------------------------------
-
-
 def _as_stored(value: Any) -> Any:
     """``value`` as a receiver decodes it after PostgreSQL stored it as jsonb.
 
@@ -132,9 +129,6 @@ def verify(data: Mapping[str, Any], keys: Sequence[SigningKey] | None = None) ->
         aggregate_id=data["aggregate_id"], payload=data["payload"], headers=headers))
 
 
-# -- the receiving side -----------------------------------------------------------
-
-
 def _text(value: bytes | str | None) -> str | None:
     return value.decode("utf-8") if isinstance(value, bytes) else value
 
@@ -213,9 +207,6 @@ def message_from_record(value: bytes | str | None, headers: Headers,
     data = _signed_envelope(value, headers, key)
     signing.check(data, by=by, verify=verify)
     return Message.from_envelope(data | {"headers": _unsigned(data["headers"])})
-
-
-# -- the slot -----------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -299,8 +290,6 @@ def slot_problems(using: str) -> list[str]:
                         "wait in the outbox")
     return problems
 
-
-# -- the opt-in -------------------------------------------------------------------
 
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 

@@ -114,9 +114,6 @@ def configured_task_paths() -> list[str]:
     return sorted(set(outbox_settings.TASKS_TASK.values()))
 
 
-# -- the transport -------------------------------------------------------------------
-
-
 class DjangoTasksTransport(Transport):
     """Enqueues each message as a Django task: the one ``OUTBOX["TASKS_TASK"]`` names for its topic.
 
@@ -215,9 +212,6 @@ def _check_queue_alias() -> list[checks.CheckMessage]:
         hint='Add "tenancy.routers.AppDatabaseRouter" to DATABASE_ROUTERS: it sends the queue '
         'to TENANCY["WORKER_DATABASE"] (docs/django-tasks.md).',
         id="outbox.E124")]
-
-
-# -- receivers -----------------------------------------------------------------------
 
 
 def receiver_task(
@@ -349,9 +343,6 @@ def _enqueue_again(task: Any, envelope: Any, attempt: int, pause: float) -> None
     again.enqueue(envelope, attempt=attempt)
 
 
-# -- tasks of workers that died ---------------------------------------------------------
-
-
 def requeue_stalled(*, stalled_after: float | None = None) -> int:
     """Make ready again the receiver tasks of django-tasks-db that no live worker holds.
 
@@ -393,9 +384,6 @@ def requeue_stalled(*, stalled_after: float | None = None) -> int:
         logger.warning("outbox: receiver task %s had no live worker; it is ready to run again",
                        task_id)
     return len(stalled)
-
-
-# -- re-driving --------------------------------------------------------------------------
 
 
 def redrive_handler(consumer: str) -> Callable[[Message], object] | None:

@@ -30,6 +30,7 @@ from tenancy.provision import role_drift
 #: quarter of ``RELAY_LEASE``, idle or not, so ten seconds is a stopped relay.
 MAX_LEASE_AGE = 10.0
 
+
 @dataclass(frozen=True)
 class Health:
     """The verdict, with one line per problem and the readers it looked at."""

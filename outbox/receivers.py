@@ -83,9 +83,6 @@ def receive(
     return True, result
 
 
-# -- what a worker does when a receiver fails (Celery's and Django tasks' alike) ----
-
-
 #: The pause before a receiver's second attempt, in seconds; doubled for each
 #: further one, up to ``OUTBOX["RECEIVER_RETRY_BACKOFF_MAX"]``.
 RETRY_BACKOFF = 1.0

@@ -25,8 +25,6 @@ from tenancy.statements import affected, fetch_all, fetch_one
 #: The app's statements, by name (outbox/queries.sql).
 SQL = queries("outbox")
 
-# -- rows ---------------------------------------------------------------------
-
 
 @dataclass(frozen=True, slots=True)
 class OffsetRow:
@@ -148,9 +146,6 @@ class ReaderState:
         return self.name if self.is_relay else f"{self.name}[{self.partition}]"
 
 
-# -- JSON ---------------------------------------------------------------------
-
-
 def _jsonb(value: Any) -> Any:
     """A jsonb value from a raw row, decoded (Django has psycopg return jsonb as text)."""
     return json.loads(value) if isinstance(value, str | bytes) else value
@@ -160,8 +155,6 @@ def _jsonb(value: Any) -> Any:
 #: (one encoder for every call: ``json.dumps(value, cls=...)`` makes one each time).
 _to_jsonb = DjangoJSONEncoder().encode
 
-
-# -- publishing ---------------------------------------------------------------
 
 def insert_message(
     using: str,
@@ -188,8 +181,6 @@ def insert_message(
     }
     affected(using, SQL["publish"], params)
 
-
-# -- the stream ---------------------------------------------------------------
 
 def read_batch(
     using: str,
@@ -287,9 +278,6 @@ def _read(
     return allocated, in_flight, [row[2:] for row in found if row[2] is not None]
 
 
-# -- consumer offsets ---------------------------------------------------------
-
-
 def partition_counts(using: str, name: str) -> set[int]:
     """The partition counts of the offset rows named ``name`` (empty: none yet)."""
     return {int(row[0]) for row in fetch_all(using, SQL["partition_counts"], {"name": name})}
@@ -378,9 +366,6 @@ def reader_positions(using: str) -> list[ReaderPosition]:
     ]
 
 
-# -- the relay's lease --------------------------------------------------------
-
-
 def advance_leased(
     using: str, name: str, owner: str, expected: Position, position: Position
 ) -> bool:
@@ -395,16 +380,8 @@ def advance_leased(
     }) == 1
 
 
-# -- rewinding the relay ------------------------------------------------------
-#
-# After a broker lost messages the relay had already passed, the relay is set
-# back to a position before them and sends everything from there again. These
-# are the only statements that know what "the position just before a message"
-# is: id - 1 in the id delivery order (queries.sql). A reader set there reads
-# the message next, and every message at or after the target, and only those,
-# lie above it.
-
-
+# Rewinding the relay: the only statements that know "the position just before a
+# message" (id - 1 in the delivery order, queries.sql), where a reader reads it next.
 @dataclass(frozen=True, slots=True)
 class StreamMark:
     """A message as a place to rewind a reader to.
@@ -471,8 +448,6 @@ def database_now(using: str) -> datetime:
     return now
 
 
-# -- dead letters -------------------------------------------------------------
-
 def park(using: str, consumer: str, message: Message, attempts: int, error: str) -> None:
     """Copy ``message`` into the dead-letter table, as its tenant (the caller's context)."""
     affected(using, SQL["park"], {
@@ -482,9 +457,6 @@ def park(using: str, consumer: str, message: Message, attempts: int, error: str)
         "payload": _to_jsonb(message.payload), "headers": _to_jsonb(message.headers),
         "created_at": message.created_at, "attempts": attempts, "error": error,
     })
-
-
-# -- retention ----------------------------------------------------------------
 
 
 def delete_passed_messages(using: str, upto: int, older_than: float, limit: int) -> int:
@@ -506,8 +478,6 @@ def delete_received(using: str, tenant_id: int, older_than: float, limit: int) -
     params = {"tenant_id": tenant_id, "older_than": older_than, "limit": limit}
     return affected(using, SQL["delete_received"], params)
 
-
-# -- status -------------------------------------------------------------------
 
 def reader_states(using: str) -> list[ReaderState]:
     """Every reader (consumer partitions and relays): what it has passed and what waits."""
@@ -552,8 +522,6 @@ def publishers_in_flight(using: str) -> list[Publisher]:
     ]
 
 
-# -- receivers ----------------------------------------------------------------
-
 def record_received(using: str, tenant_id: int, receiver: str, message_id: uuid.UUID) -> bool:
     """Remember that ``receiver`` handled ``message_id``, as the current tenant.
 
@@ -562,9 +530,6 @@ def record_received(using: str, tenant_id: int, receiver: str, message_id: uuid.
     """
     params = {"tenant_id": tenant_id, "receiver": receiver, "message_id": message_id}
     return affected(using, SQL["record_received"], params) == 1
-
-
-# -- the fence's facts (system checks) ----------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
