@@ -118,18 +118,17 @@ WARNINGS = {
 }
 
 
-@admin.action(description="Re-drive the selected parked messages", permissions=["change"])
-def redrive_selected(
-    modeladmin: ParkedMessageAdmin, request: HttpRequest, queryset: QuerySet[Any]
-) -> HttpResponse | None:
-    return _ask_for_job(modeladmin, request, queryset, "redrive")
+def _job_action(action: str, permission: str) -> Any:
+    """The list's action ``<action>_selected``: asks, then writes a job."""
 
+    @admin.action(description=f"{ParkedJob.Action(action).label.capitalize()} the selected "
+                  "parked messages", permissions=[permission])
+    def selected(modeladmin: ParkedMessageAdmin, request: HttpRequest,
+                 queryset: QuerySet[Any]) -> HttpResponse | None:
+        return _ask_for_job(modeladmin, request, queryset, action)
 
-@admin.action(description="Discard the selected parked messages", permissions=["delete"])
-def discard_selected(
-    modeladmin: ParkedMessageAdmin, request: HttpRequest, queryset: QuerySet[Any]
-) -> HttpResponse | None:
-    return _ask_for_job(modeladmin, request, queryset, "discard")
+    selected.__name__ = f"{action}_selected"
+    return selected
 
 
 def signature_state(consumer: str) -> str:
@@ -151,7 +150,7 @@ class ParkedMessageAdmin(CrossTenantAdmin):
     list_filter = ["consumer", "topic", TenantFilter]
     search_fields = ["key"]  # the box; get_search_results searches
     search_help_text = "Key, topic, consumer, error text or message id."
-    actions = [redrive_selected, discard_selected]
+    actions = [_job_action("redrive", "change"), _job_action("discard", "delete")]
     paginator = Paginator  # type: ignore[assignment]  # the dead letters are counted exactly
 
     @admin.display(description="tenant/id", ordering="id")

@@ -289,11 +289,6 @@ def broker_scheme(app: Any) -> str:
     return urlsplit(url).scheme.split("+")[0]
 
 
-def is_amqp(app: Any) -> bool:
-    """Whether the app's broker is RabbitMQ (an AMQP 0-9-1 transport of kombu)."""
-    return broker_scheme(app) in AMQP_SCHEMES
-
-
 def relay_queues(app: Any) -> dict[str, Any]:
     """The kombu Queue of each task ``OUTBOX["CELERY_TASK"]`` names, as :func:`route` routes it."""
     found = {task: route(app, task).get("queue") for task in sorted(
@@ -324,7 +319,7 @@ def check_broker(app: Any) -> list[Problem]:
     persistent message on a durable queue once it is on disk), durable
     queues and persistent messages.
     """
-    if not is_amqp(app):
+    if broker_scheme(app) not in AMQP_SCHEMES:
         return []
     problems: list[Problem] = []
     options = app.conf.broker_transport_options or {}

@@ -263,13 +263,8 @@ def delete_passed_messages(using: str, upto: int, passed_before: int, older_than
 
 
 def slot_problems(using: str) -> list[str]:
-    """What is wrong with ``OUTBOX["REPLICATION_SLOT"]``, one line each (empty: nothing).
-
-    A slot that does not exist, that no reader streams from (the connector
-    stopped: messages wait in the outbox and WAL piles up on the server), or
-    whose WAL was removed (``wal_status`` ``lost``: the connector cannot
-    resume from it). Empty when no slot is configured.
-    """
+    """What is wrong with ``OUTBOX["REPLICATION_SLOT"]``, one line each (empty: nothing, or
+    no slot configured): missing, read by no connector, or its WAL removed."""
     name = outbox_settings.REPLICATION_SLOT
     if name is None:
         return []
@@ -291,21 +286,17 @@ def slot_problems(using: str) -> list[str]:
     return problems
 
 
-_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-
-
-def identifier(value: str, what: str) -> str:
-    """``value`` if it is a plain lower-case SQL identifier, else ValueError naming ``what``."""
-    if not _IDENTIFIER.fullmatch(value):
-        raise ValueError(f"{what} must be a lower-case SQL identifier (letters, digits, _), "
-                         f"not {value!r}")
-    return value
+def _identifiers(publication: str, role: str) -> None:
+    """ValueError unless both are plain lower-case SQL identifiers (they are written into SQL)."""
+    for value, what in ((publication, "the publication"), (role, "the connector's role")):
+        if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", value):
+            raise ValueError(f"{what} must be a lower-case SQL identifier (letters, digits, _), "
+                             f"not {value!r}")
 
 
 def forward_sql(publication: str, role: str) -> str:
     """The SQL the opt-in migration runs (as the owner role, with migrate)."""
-    identifier(publication, "the publication")
-    identifier(role, "the connector's role")
+    _identifiers(publication, role)
     return f"""\
 -- The connector's role logs in with REPLICATION; creating such a role takes a
 -- superuser, so migrate (the owner) only checks that it is there:
@@ -334,8 +325,7 @@ GRANT SELECT ON outbox_messages TO {role};
 
 def reverse_sql(publication: str, role: str) -> str:
     """The SQL that undoes :func:`forward_sql` (``migrate <app> <previous>``)."""
-    identifier(publication, "the publication")
-    identifier(role, "the connector's role")
+    _identifiers(publication, role)
     return f"""\
 REVOKE SELECT ON outbox_messages FROM {role};
 DROP PUBLICATION IF EXISTS {publication};
