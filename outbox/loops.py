@@ -1,11 +1,7 @@
-"""Long-running loops that outlive database restarts and stop on SIGTERM.
-
-The relay and the consumers are steps (one batch each) driven by
-:func:`run_loop`. Before each step the loop drops connections that are broken
-or past ``CONN_MAX_AGE`` (``close_old_connections``, as django-celery-beat
-does); a database error is logged and retried after a growing pause instead
-of ending the process. SIGTERM and SIGINT set a flag that is checked between
-steps, so a batch in flight finishes (or rolls back) before the process exits.
+"""Long-running loops (the relay, the consumers, the commands' ``--every``) that outlive
+database restarts and stop on SIGTERM, as django-celery-beat's do: connections broken or
+past ``CONN_MAX_AGE`` are dropped before each step, a lost database is logged and retried
+after a growing pause, and SIGTERM or SIGINT stops the loop between two steps.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""The outbox's tables.
-
-Rows of ``outbox_messages`` are written by :func:`outbox.publish` with one SQL
-statement and read by the relay and the consumers with SQL of their own; the
-models are for reading, the admin and the tests. The parts Django cannot
-express (the trigger that gives each message its id and marks its
-transaction as a publisher in flight, the ``xid8`` default, the SQL functions
-of the fence, the delivery index and the row-level security policies) are in
-``outbox/sql/``.
+"""The outbox's tables. The statements the library sends are in ``outbox/queries.sql``;
+the models are for the ORM's reads, the admin and the tests. What Django cannot express
+(the trigger that gives ids and marks publishers, the ``xid8`` default, the fence's
+functions, the delivery index, the row-level security policies) is in ``outbox/sql/``.
 """
 
 from __future__ import annotations
@@ -18,27 +13,14 @@ from django.db.models.functions import Now
 
 from tenancy.privileges import APP, DML, SYSTEM, WORKER, TablePrivileges
 
-#: Each role's privileges on the outbox's tables (tenancy.privileges collects
-#: them: the grants of migrate, check tenancy.E017/E018, docs/roles.md).
-#:
-#: - app (the web process, receivers): publishes (the outbox is append-only),
-#:   parks and re-drives as its tenant, remembers received messages; nothing
-#:   on the shared delivery state (offsets, leases) nor on the consumers'
-#:   failures.
-#: - worker (consumers, relays): the only role that may lock (``FOR UPDATE``
-#:   needs UPDATE), advance and lease offsets; handlers publish and park, as
-#:   their message's tenant.
-#: - system (cross-tenant reads and upkeep): reads the stream, offsets,
-#:   failures and dead letters; deletes what retention deletes; writes the
-#:   re-drive and discard jobs people ask for (the jobs act on dead letters
-#:   as each message's tenant, on the app role).
-#:
-#: The fence's key (the proofs that a transaction published, docs/guarantees.md)
-#: is no role's but the owner's. django-tasks-db's queue is the worker role's
-#: alone: the relay enqueues every tenant's envelopes into it (no tenant column,
-#: no row-level security) and its worker claims them, both on the worker alias
-#: (docs/django-tasks.md). A table that does not exist (no django-tasks-db) is
-#: left out.
+#: Each role's privileges on the outbox's tables (tenancy.privileges collects them for
+#: migrate's grants and tenancy.E017/E018; docs/roles.md). The app role publishes
+#: (append-only), parks, re-drives and receives as its tenant, and has nothing on the
+#: shared delivery state; the worker alone locks (``FOR UPDATE`` needs UPDATE), advances
+#: and leases offsets; the system role reads across tenants, deletes what retention
+#: deletes and keeps the re-drive jobs (which act as each tenant, on the app role). The
+#: fence's key is the owner's alone. django-tasks-db's queue (every tenant's envelopes,
+#: no row-level security) is the worker's alone; left out when it does not exist.
 TABLE_PRIVILEGES: TablePrivileges = {
     "outbox_messages": {
         APP: ("SELECT", "INSERT"),
@@ -87,16 +69,12 @@ class MessageColumns(models.Model):
 
 
 class OutboxMessage(MessageColumns):
-    """One event, written in the same transaction as the change it announces.
+    """One event, written in the same transaction as the change it announces; append-only.
 
-    Append-only: the app role may insert and read (its own tenant's rows), never
-    update or delete. ``id`` is given by the database (a trigger; an insert that
-    names one is refused), which first marks the writing transaction as a
-    publisher in flight for the row's tenant until it ends; readers follow ids
-    in order and, of each tenant, read only below the lowest id such a
-    publisher may still commit, so a message committed late is never skipped
-    (see docs/guarantees.md). ``xid`` is the writing transaction's id, kept for
-    people (it orders nothing).
+    ``id`` is given by a trigger (an insert that names one is refused), which
+    first marks the transaction as a publisher in flight for the row's tenant,
+    so readers never skip a message committed late (docs/guarantees.md).
+    ``xid`` is the writing transaction's id, for people (it orders nothing).
     """
 
     tenant_isolated = True
@@ -136,18 +114,12 @@ class OffsetColumns(models.Model):
 
 
 class ConsumerOffset(OffsetColumns):
-    """How far one reader (a consumer partition, or a relay) has read.
+    """How far one reader (a consumer partition, or a relay) has read the one stream of all
+    tenants: ``last_id`` and ``held`` (:class:`outbox.stream.Position`).
 
-    Global, not per tenant: a reader follows the one stream of all tenants.
-    The position is ``last_id``, the id of the last message passed, for every
-    tenant but those in ``held`` (tenant id -> the last id passed of that
-    tenant, while a publisher of it was in flight; :class:`outbox.stream.Position`).
-    ``attempts``
-    and ``retry_at`` count and pace the failures of the message at the head of
-    this partition; what failed, and how, is tenant data and is kept in
-    :class:`ConsumerFailure`, under row-level security. ``lease_owner`` and
-    ``lease_until`` are used by relays only. Only the worker role may write
-    these rows, and the app role has no privilege on them (docs/roles.md).
+    ``attempts`` and ``retry_at`` count and pace the failures of the message at
+    the partition's head; what failed is tenant data, kept in
+    :class:`ConsumerFailure` under row-level security. The lease is relays' only.
     """
 
     pk = models.CompositePrimaryKey("name", "partition")
@@ -268,16 +240,10 @@ class ParkedMessageRecord(DeadLetterColumns):
 
 
 class ParkedJob(models.Model):
-    """A re-drive or discard of the parked messages a filter matches, done in the background.
-
-    Written by the admin's actions and ``outbox_parked --redrive/--discard
-    --background`` (on the system alias), worked by ``outbox_parked --work``
-    or the ``outbox.work_parked_jobs`` task (:mod:`outbox.deadletters`): in
-    batches along ``(tenant_id, id)``, each batch's end written here, so a
-    worker that dies is followed, once its lease runs out, by another that
-    goes on from ``after_tenant_id``/``after_id``. Rows above ``upto_id`` (parked
-    after the job was asked for) are left alone. Not tenant data: it names
-    tenants, it holds none of their rows.
+    """A re-drive or discard of the parked messages a filter matches, done in the background
+    (:mod:`outbox.deadletters`), from ``after_tenant_id``/``after_id`` on, up to ``upto_id``
+    (rows parked later are left alone). Not tenant data: it names tenants, holds none of
+    their rows.
     """
 
     class Action(models.TextChoices):

@@ -1,11 +1,5 @@
-"""What the outbox looks like now: one read, for ``outbox_status``, health, metrics and the admin.
-
-:func:`observe` reads, on the system alias, every reader's position and what
-it has not passed, the publishing transactions still in flight (what holds
-some tenant's delivery back, and who they are) and the parked messages.
-``outbox_status`` prints it, :func:`outbox.health.check` judges it, the
-metrics collector exports it and the admin lists it: one query per fact, one
-meaning everywhere.
+"""What the outbox looks like now: one read (:func:`observe`, on the system alias) for
+``outbox_status``, health, metrics and the admin: one query per fact, one meaning everywhere.
 """
 
 from __future__ import annotations

@@ -249,19 +249,10 @@ def read_envelopes(using: str, position: Position, limit: int) -> Batch[Envelope
 def _message(row: Sequence[Any]) -> Message:
     (id_, message_id, tenant_id, topic, payload, key, aggregate_type, aggregate_id, headers,
      created_at, xid) = row
-    return Message(
-        id=id_,
-        message_id=message_id if isinstance(message_id, uuid.UUID) else uuid.UUID(str(message_id)),
-        tenant_id=tenant_id,
-        topic=topic,
-        payload=_jsonb(payload),
-        key=key,
-        aggregate_type=aggregate_type,
-        aggregate_id=aggregate_id,
-        headers=_jsonb(headers) or {},
-        created_at=created_at,
-        xid=int(xid),
-    )
+    if not isinstance(message_id, uuid.UUID):
+        message_id = uuid.UUID(str(message_id))
+    return Message(id_, message_id, tenant_id, topic, _jsonb(payload), key, aggregate_type,
+                   aggregate_id, _jsonb(headers) or {}, created_at, int(xid))
 
 
 def _read(
