@@ -1490,8 +1490,8 @@ CATALOGUE: list[Mutant] = [
         (OUTBOX + "test_retention.py::test_reaping_deletes_in_bounded_batches",
          OUTBOX + "test_retention.py::test_old_receiver_records_are_forgotten_in_bounded_batches"),
         more=(Edit("outbox/retention.py",
-                   "            deleted = store.delete_received(alias, tenant_id, keep, size)",
-                   "            deleted = store.delete_received(alias, tenant_id, keep, size * 1000)"),),
+                   "            deleted = store.delete_received(alias, tenant_id, retention, size)",
+                   "            deleted = store.delete_received(alias, tenant_id, retention, size * 1000)"),),
     ),
     mutant(
         "relay.rewind-by-app-clock", "outbox.relay",

@@ -77,11 +77,8 @@ def check(
         if outbox_settings.TRANSPORT is not None if relay is None else relay:
             wanted.extend(relay_readers(r.name for r in seen.readers))
     rows = [r for r in seen.readers if r.name in wanted]
-    problems: list[str] = []
     present = {r.name for r in rows}
-    for name in wanted:
-        if name not in present:
-            problems.append(f"{name}: has never run (no offset row)")
+    problems = [f"{name}: has never run (no offset row)" for name in wanted if name not in present]
     for r in rows:
         if r.lag is not None and r.lag.total_seconds() > lag_limit:
             problems.append(

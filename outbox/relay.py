@@ -62,12 +62,8 @@ BROKER_BACKOFF_MAX = 30.0
 
 
 def relay_readers(names: Iterable[str]) -> list[str]:
-    """The relays' offset rows among reader ``names``; ``relay:default`` when there are none.
-
-    What retention waits for and health checks: every relay that has run,
-    whatever its name, or the default one when none has yet (it will start
-    from the beginning of the outbox).
-    """
+    """What retention waits for and health checks: the relays among reader ``names`` (every
+    relay that has run, whatever its name), or ``relay:default`` when none has yet."""
     found = sorted({name for name in names if name.startswith("relay:")})
     return found or [f"relay:{DEFAULT_NAME}"]
 

@@ -101,10 +101,9 @@ def reap(batch_size: int | None = None, using: str | None = None) -> ReapResult:
             if deleted < size:
                 break
     received = 0
-    keep = retention
     for tenant_id in tenants_with_rows(alias, "outbox_received"):
         while True:
-            deleted = store.delete_received(alias, tenant_id, keep, size)
+            deleted = store.delete_received(alias, tenant_id, retention, size)
             received += deleted
             if deleted < size:
                 break
