@@ -28,6 +28,7 @@ from django_idempotency_outbox.conf import (
     text,
     text_mapping,
 )
+from django_idempotency_outbox.errors import ConfigurationError
 
 
 @dataclass(frozen=True)
@@ -77,9 +78,16 @@ def task_routes(value: Any, label: str) -> dict[str, str]:
     return text_mapping(value, label)
 
 
-def task_for(routes: dict[str, str], topic: str) -> str | None:
-    """The task of ``topic`` in a :func:`task_routes` dict (its own, else ``"*"``'s)."""
-    return routes.get(topic) or routes.get("*")
+def task_for(setting: str, kind: str, topic: str) -> str:
+    """The task ``OUTBOX[setting]`` names for ``topic`` (its own, else ``"*"``'s), or
+    ConfigurationError saying which setting to fill in."""
+    routes: dict[str, str] = getattr(outbox_settings, setting)
+    task = routes.get(topic) or routes.get("*")
+    if not task:
+        raise ConfigurationError(
+            f'no {kind} task for topic {topic!r}: set OUTBOX["{setting}"] (a task, or a dict '
+            'topic -> task with "*" for every other topic)')
+    return task
 
 
 class OutboxSettings(AppSettings):

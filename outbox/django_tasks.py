@@ -127,12 +127,7 @@ class DjangoTasksTransport(Transport):
     """
 
     def task_for(self, topic: str) -> Any:
-        path = task_for(outbox_settings.TASKS_TASK, topic)
-        if not path:
-            raise ConfigurationError(
-                f'no Django task for topic {topic!r}: set OUTBOX["TASKS_TASK"] (a task, or a '
-                'dict topic -> task with "*" for every other topic)')
-        return load_task(str(path))
+        return load_task(task_for("TASKS_TASK", "Django", topic))
 
     def send(self, messages: Sequence[Message]) -> None:
         routes: dict[str, Any] = {}  # topic -> task; configuration errors before any I/O

@@ -90,13 +90,7 @@ class CeleryTransport(Transport):
         return self._app
 
     def task_for(self, topic: str) -> str:
-        task = task_for(outbox_settings.CELERY_TASK, topic)
-        if not task:
-            raise ConfigurationError(
-                f'no Celery task for topic {topic!r}: set OUTBOX["CELERY_TASK"] (a task, or a '
-                'dict topic -> task with "*" for every other topic)'
-            )
-        return str(task)
+        return task_for("CELERY_TASK", "Celery", topic)
 
     def send(self, messages: Sequence[Message | Envelope]) -> None:
         from outbox.celery import route
