@@ -1279,7 +1279,7 @@ CATALOGUE: list[Mutant] = [
         "relay.read-ahead-connection-left", "outbox.relay",
         "the read-ahead thread closes its connection when the relay stops",
         "outbox/relay.py",
-        "            self._pool.submit(_close, self._relay.alias).result()",
+        "            self._pool.submit(close_connections, self._relay.alias).result()",
         "            pass",
         (OUTBOX + "test_relay_pipeline.py",),
         equivalent="the pool's thread ends at shutdown, and CPython frees its Django connection"

@@ -50,8 +50,9 @@ def stop_on_signals(stop: threading.Event) -> Iterator[threading.Event]:
             signal.signal(sig, old)
 
 
-def _close_all() -> None:
-    for conn in connections.all(initialized_only=True):
+def close_connections(*aliases: str) -> None:
+    """Close this thread's connections to ``aliases`` (every one it has when none given)."""
+    for conn in [connections[a] for a in aliases] or connections.all(initialized_only=True):
         try:
             conn.close()
         except Exception:  # already broken: nothing left to close
@@ -95,7 +96,7 @@ def run_loop(
                 "outbox: %s lost the database (%s); retrying in %.1f s",
                 name, str(exc).strip().splitlines()[0] if str(exc).strip() else exc, pause,
             )
-            _close_all()
+            close_connections()
             stop.wait(pause)
             continue
         if failures:

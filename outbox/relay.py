@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import close_old_connections, connections
+from django.db import close_old_connections
 
 from django_idempotency_outbox import tracing
 from django_idempotency_outbox.durations import backoff
@@ -40,7 +40,7 @@ from outbox import metrics, signing, store
 from outbox.conf import outbox_settings
 from outbox.consumers import require_cross_tenant_reader
 from outbox.exceptions import RewindRefused
-from outbox.loops import DATABASE_ERRORS, run_loop, stop_on_signals
+from outbox.loops import DATABASE_ERRORS, close_connections, run_loop, stop_on_signals
 from outbox.publishing import wake_up
 from outbox.stream import Batch, Envelope, Message, Position
 from outbox.transports import Transport, get_transport
@@ -98,7 +98,7 @@ class _Heartbeat:
                     first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                     logger.warning("outbox: relay %s could not renew its lease (%s)",
                                    relay.name, first_line)
-                    _close(relay.lease_alias)
+                    close_connections(relay.lease_alias)
                     continue
                 if not renewed:
                     logger.warning(
@@ -108,7 +108,7 @@ class _Heartbeat:
                     self.lost.set()
                     return
         finally:
-            _close(relay.lease_alias)
+            close_connections(relay.lease_alias)
 
     def stop(self) -> None:
         self._done.set()
@@ -157,7 +157,7 @@ class _ReadAhead:
     def close(self) -> None:
         """Stop the thread, closing its connection."""
         if self._pool is not None:
-            self._pool.submit(_close, self._relay.alias).result()
+            self._pool.submit(close_connections, self._relay.alias).result()
             self._pool.shutdown(wait=True)
             self._pool = None
         self.drop()
@@ -166,14 +166,6 @@ class _ReadAhead:
         relay = self._relay
         close_old_connections()  # this thread's connection, as run_loop does for the relay's
         return relay._read(position)
-
-
-def _close(alias: str) -> None:
-    """Close this thread's connection to ``alias`` (broken ones included)."""
-    try:
-        connections[alias].close()
-    except Exception:  # already broken: nothing left to close
-        pass
 
 
 @contextmanager
