@@ -320,8 +320,8 @@ CATALOGUE: list[Mutant] = [
         "consumer.read-as-app-role", "outbox.consumers",
         "the stream is read on the system alias (every tenant's messages)",
         "outbox/consumers.py",
-        "        batch = store.read_batch(\n            system,",
-        "        batch = store.read_batch(\n            app,",
+        "        batch = store.read_batch(system, offset.position, consumer.batch_size,",
+        "        batch = store.read_batch(app, offset.position, consumer.batch_size,",
         (OUTBOX + "test_consumers.py",),
     ),
     mutant(
@@ -762,8 +762,8 @@ CATALOGUE: list[Mutant] = [
         "tasks.batch-not-atomic", "outbox.django_tasks",
         "on django-tasks-db a batch is enqueued in one transaction: whole or not at all",
         "outbox/django_tasks.py",
-        "        with transaction.atomic(using=database):\n            for message, task in zip(messages, tasks, strict=True):",
-        "        if database:\n            for message, task in zip(messages, tasks, strict=True):",
+        "        with nullcontext() if database is None else transaction.atomic(using=database):",
+        "        with nullcontext():",
         (O_TASKS,),
     ),
     mutant(
@@ -777,8 +777,8 @@ CATALOGUE: list[Mutant] = [
     mutant(
         "tasks.no-retry", "outbox.django_tasks",
         "a failing receiver task is retried (a new task per attempt), then parked",
-        "outbox/django_tasks.py",
-        "        _enqueue_again(task, envelope, attempt + 1, pause)\n",
+        "outbox/receivers.py",
+        "        retry(attempt + 1, pause)\n",
         "        pass\n",
         (O_TASKS,),
     ),
@@ -802,7 +802,7 @@ CATALOGUE: list[Mutant] = [
         "tasks.retry-pause-not-doubled", "outbox.django_tasks",
         "a receiver task's retry pause is 1 s doubled per attempt, up to "
         "RECEIVER_RETRY_BACKOFF_MAX",
-        "outbox/django_tasks.py",
+        "outbox/receivers.py",
         "        pause = retry_pause(attempt)\n",
         "        pause = retry_pause(1)\n",
         (O_TASKS + "::test_a_retry_waits_a_second_doubled_per_attempt_up_to_the_longest_pause",),
@@ -812,9 +812,9 @@ CATALOGUE: list[Mutant] = [
         "a task ends FAILED when it could not settle its message (nor park it, nor enqueue "
         "its retry)",
         "outbox/django_tasks.py",
-        "        _enqueue_again(task, envelope, attempt, pause)\n",
-        "        try:\n            _enqueue_again(task, envelope, attempt, pause)\n"
-        "        except Exception:\n            pass\n",
+        "        lambda number, pause: _enqueue_again(task, envelope, number, pause), using=using)",
+        "        lambda number, pause: _enqueue_again(task, envelope, number, pause)\n"
+        "        if number > attempt else None, using=using)",
         (O_TASKS + "::test_a_task_that_cannot_settle_its_message_ends_failed_and_requeue_makes"
          "_it_ready",),
     ),
@@ -839,25 +839,27 @@ CATALOGUE: list[Mutant] = [
         "tasks.requeue-every-once", "outbox.django_tasks",
         "requeue_outbox_tasks --every looks again every SECONDS until SIGTERM",
         "outbox/management/commands/requeue_outbox_tasks.py",
-        "            if every is None or stop.wait(every):\n                return",
-        "            return",
+        "once=every is None",
+        "once=True",
         (O_TASKS + "::test_requeue_every_looks_again_until_sigterm",),
     ),
     mutant(
         "tasks.requeue-every-killed-by-sigterm", "outbox.django_tasks",
         "requeue_outbox_tasks --every stops cleanly on SIGTERM (exit 0)",
         "outbox/management/commands/requeue_outbox_tasks.py",
-        "                signal.signal(sig, lambda *_: stop.set())",
-        "                pass",
+        "        from outbox.loops import run_loop, stop_on_signals",
+        "        from contextlib import nullcontext as stop_on_signals\n"
+        "        from outbox.loops import run_loop",
         (O_TASKS + "::test_requeue_every_looks_again_until_sigterm",),
     ),
     mutant(
         "tasks.requeue-without-tasks-db-exits-0", "outbox.django_tasks",
         "requeue_outbox_tasks without django-tasks-db says so and exits non-zero",
         "outbox/management/commands/requeue_outbox_tasks.py",
-        "            except ConfigurationError as exc:\n                raise CommandError(str(exc)) from exc",
-        "            except ConfigurationError as exc:\n                self.stderr.write(str(exc))\n"
-        "                return",
+        "        with one_line_errors(), stop_on_signals(stop):",
+        "        from contextlib import suppress\n\n"
+        "        from django_idempotency_outbox.errors import ConfigurationError\n\n"
+        "        with suppress(ConfigurationError), stop_on_signals(stop):",
         (O_TASKS + "::test_requeue_without_django_tasks_db_exits_non_zero_saying_so",),
     ),
     # --- outbox: loops ---------------------------------------------------------------------------
@@ -1300,7 +1302,7 @@ CATALOGUE: list[Mutant] = [
         "relay.read-ahead-connection-left", "outbox.relay",
         "the read-ahead thread closes its connection when the relay stops",
         "outbox/relay.py",
-        "            self._pool.submit(_close, self._relay.alias).result()",
+        "            self._pool.submit(close_connections, self._relay.alias).result()",
         "            pass",
         (OUTBOX + "test_relay_pipeline.py",),
         equivalent="the pool's thread ends at shutdown, and CPython frees its Django connection"
@@ -1511,8 +1513,8 @@ CATALOGUE: list[Mutant] = [
         (OUTBOX + "test_retention.py::test_reaping_deletes_in_bounded_batches",
          OUTBOX + "test_retention.py::test_old_receiver_records_are_forgotten_in_bounded_batches"),
         more=(Edit("outbox/retention.py",
-                   "            deleted = store.delete_received(alias, tenant_id, keep, size)",
-                   "            deleted = store.delete_received(alias, tenant_id, keep, size * 1000)"),),
+                   "            deleted = store.delete_received(alias, tenant_id, retention, size)",
+                   "            deleted = store.delete_received(alias, tenant_id, retention, size * 1000)"),),
     ),
     mutant(
         "relay.rewind-by-app-clock", "outbox.relay",
@@ -1800,17 +1802,17 @@ CATALOGUE: list[Mutant] = [
         "debezium.signed-as-published", "outbox.debezium",
         "the publisher signs the values as a receiver decodes them from the stored jsonb",
         "outbox/debezium.py",
-        "        payload=_as_stored(payload), headers=_as_stored(headers),",
-        "        payload=payload, headers=headers,",
+        "payload=_as_stored(payload), headers=_as_stored(headers))",
+        "payload=payload, headers=headers)",
         (OUTBOX + "test_debezium.py::test_the_publishers_signature_verifies_as_a_receiver_decodes"
          "_the_record",),
     ),
     mutant(
         "debezium.signature-unchecked", "outbox.debezium",
         "a record changed on the way is refused before its receiver runs",
-        "outbox/debezium.py",
-        "    if not hmac.compare_digest(expected, mark):",
-        "    if not expected:",
+        "outbox/signing.py",
+        "    if not hmac.compare_digest(correct, mark):",
+        "    if not correct:",
         (OUTBOX + "test_debezium.py::test_a_record_changed_on_the_way_is_refused_before_its_receiver"
          "_runs",),
     ),

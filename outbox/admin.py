@@ -1,18 +1,12 @@
 """The outbox in Django's admin: parked messages, the jobs that re-drive them, the readers.
 
-Every list reads through ``TENANCY["ADMIN_DATABASE"]`` (by default the system
-alias; :class:`tenancy.admin.CrossTenantAdmin`), of the tenants
-``TENANCY["ADMIN_TENANTS"]`` allows the user. Each parked message has a page:
-the whole error, the message as it was published, and re-drive and discard
-for it alone (done at once, as its tenant, on the app alias). Re-driving or
-discarding rows of the list, or everything the list's filter matches, asks
-for a confirmation and then writes a job (:mod:`outbox.deadletters`) that a
-worker does in the background, in batches; the jobs' list shows how far each
-has got. Re-driving needs the change permission on parked messages,
-discarding the delete permission; every one is written to Django's admin log
-with its user. The readers' positions are read-only: moving them is
-``relay_outbox --rewind-to``'s job, or an operator's with SQL
-(docs/consumers.md).
+Read through ``TENANCY["ADMIN_DATABASE"]`` (:class:`tenancy.admin.CrossTenantAdmin`),
+of the tenants the user may see. A parked message's page re-drives or discards
+it at once, as its tenant; a selection, or everything a filter matches, becomes
+a job (:mod:`outbox.deadletters`) after a confirmation. Re-driving needs the
+change permission, discarding the delete permission; each goes to Django's
+admin log. The readers' positions are read-only: ``relay_outbox --rewind-to`` or SQL
+moves them (docs/operations.md, "The outbox in the admin").
 """
 
 from __future__ import annotations
@@ -22,7 +16,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.contrib.admin.models import LogEntry
+from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
@@ -34,16 +28,7 @@ from django.utils.html import format_html
 
 from outbox import store
 from outbox.conf import outbox_settings
-from outbox.deadletters import (
-    CHANGED,
-    DELETED,
-    audit,
-    describe,
-    discard,
-    enqueue,
-    redrive,
-    search_terms,
-)
+from outbox.deadletters import audit, describe, discard, enqueue, redrive, search_terms
 from outbox.exceptions import ConsumerConfigError
 from outbox.models import ParkedJob, ParkedMessageRecord, ReaderPositionRecord
 from tenancy.admin import CrossTenantAdmin, TenantFilter, admin_tenants, seconds, to_the_second
@@ -107,7 +92,7 @@ def _ask_for_job(
         rows = [(int(t), int(i)) for t, i in queryset.values_list("tenant_id", "id")]
         job = enqueue(action, rows=rows, tenants=admin_tenants(request),
                       requested_by=_user(request), user_id=request.user.pk)
-    _audit(request, ParkedJob, str(job.pk), str(job), CHANGED,
+    _audit(request, ParkedJob, str(job.pk), str(job), CHANGE,
           f"asked to {verb} {job.total} parked message(s) as job {job.pk}")
     modeladmin.message_user(
         request,
@@ -133,18 +118,17 @@ WARNINGS = {
 }
 
 
-@admin.action(description="Re-drive the selected parked messages", permissions=["change"])
-def redrive_selected(
-    modeladmin: ParkedMessageAdmin, request: HttpRequest, queryset: QuerySet[Any]
-) -> HttpResponse | None:
-    return _ask_for_job(modeladmin, request, queryset, "redrive")
+def _job_action(action: str, permission: str) -> Any:
+    """The list's action ``<action>_selected``: asks, then writes a job."""
 
+    @admin.action(description=f"{ParkedJob.Action(action).label.capitalize()} the selected "
+                  "parked messages", permissions=[permission])
+    def selected(modeladmin: ParkedMessageAdmin, request: HttpRequest,
+                 queryset: QuerySet[Any]) -> HttpResponse | None:
+        return _ask_for_job(modeladmin, request, queryset, action)
 
-@admin.action(description="Discard the selected parked messages", permissions=["delete"])
-def discard_selected(
-    modeladmin: ParkedMessageAdmin, request: HttpRequest, queryset: QuerySet[Any]
-) -> HttpResponse | None:
-    return _ask_for_job(modeladmin, request, queryset, "discard")
+    selected.__name__ = f"{action}_selected"
+    return selected
 
 
 def signature_state(consumer: str) -> str:
@@ -166,7 +150,7 @@ class ParkedMessageAdmin(CrossTenantAdmin):
     list_filter = ["consumer", "topic", TenantFilter]
     search_fields = ["key"]  # the box; get_search_results searches
     search_help_text = "Key, topic, consumer, error text or message id."
-    actions = [redrive_selected, discard_selected]
+    actions = [_job_action("redrive", "change"), _job_action("discard", "delete")]
     paginator = Paginator  # type: ignore[assignment]  # the dead letters are counted exactly
 
     @admin.display(description="tenant/id", ordering="id")
@@ -239,7 +223,7 @@ class ParkedMessageAdmin(CrossTenantAdmin):
                 return HttpResponseRedirect(here)
             outcome = ("handled" if result.handled else "failed again" if result.failed
                        else "no longer parked")
-            _audit(request, ParkedMessageRecord, object_id, str(row), CHANGED,
+            _audit(request, ParkedMessageRecord, object_id, str(row), CHANGE,
                   f"re-drove {object_id}: {outcome}")
             if result.failed:
                 self.message_user(request, f"Re-driving {object_id} failed again; the new "
@@ -257,7 +241,7 @@ class ParkedMessageAdmin(CrossTenantAdmin):
                 }
                 return TemplateResponse(request, "admin/outbox/confirm_parked.html", context)
             gone = discard([(row.tenant_id, row.id)], by=_user(request))
-            _audit(request, ParkedMessageRecord, object_id, str(row), DELETED,
+            _audit(request, ParkedMessageRecord, object_id, str(row), DELETION,
                   f"discarded {object_id} unhandled" if gone else
                   f"discard of {object_id}: no longer parked")
             self.message_user(request, f"Discarded {object_id}." if gone else

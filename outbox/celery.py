@@ -1,32 +1,14 @@
 """The Celery side of receivers: retries, dead letters, and the settings they need.
 
-A Celery task built with :func:`receiver` (``outbox.receiver``) is what the
-relay's messages end in, so its failures must not lose them. Run by a worker, a receiver that
-fails (a lost database, a deadlock, a broker error, a bug) is retried with a
-growing pause (1 s, doubling up to ``OUTBOX["RECEIVER_RETRY_BACKOFF_MAX"]``);
-after ``RECEIVER_MAX_ATTEMPTS`` attempts the message is parked in
-``outbox_dead_letters`` (as its tenant, under row-level security) with an
-ERROR log naming it, and ``manage.py outbox_parked --redrive`` handles it
-again. If even parking fails (the database is still down), the message is
-retried again later: it is never acknowledged without either its effect or
-its dead letter.
-
-What a worker and its broker must do for that promise, and what this module
-checks (``manage.py check`` and a warning when a worker starts):
-
-- acknowledge late (``acks_late``), so that a worker that dies while running
-  the task leaves the message with the broker;
-- reject, not acknowledge, when the pool process running it is lost
-  (``reject_on_worker_lost``), and when it is killed by its hard time limit;
-- on Redis (and SQS), a visibility timeout longer than the task can run and
-  than the longest retry pause: a message taken by a worker that died is
-  delivered again once the visibility timeout has passed (an hour by
-  default), and one still unacknowledged after it is delivered a second time;
-- on Redis, an append-only file (``appendonly yes``): without it a restart of
-  Redis loses every queued task (``relay_outbox --rewind-to`` sends them again).
-
-:class:`ReceiverTask` is a task base class with the first three set, whatever
-the app's defaults::
+A receiver task (:func:`receiver`) is where the relay's messages end, so its
+failures must not lose them: retried with a growing pause, then parked
+(:func:`outbox.receivers.retry_or_park`); never acknowledged without its effect
+or its dead letter. That also takes a worker and broker set as docs/outbox.md's
+table says (late acknowledgement, rejection when the pool process is lost or
+hits its hard time limit, a visibility timeout longer than the task and its
+pauses, Redis's append-only file), which this module checks (``manage.py
+check`` and a warning when a worker starts). :class:`ReceiverTask` sets the
+task's part whatever the app's defaults::
 
     @app.task(base=ReceiverTask, name="shop.send_receipt")
     @receiver("shop.send_receipt")
@@ -51,7 +33,7 @@ from kombu.utils.url import maybe_sanitize_url
 from outbox import signing
 from outbox.conf import outbox_settings
 from outbox.exceptions import BadSignature
-from outbox.receivers import park, receive, retry_pause
+from outbox.receivers import receive, retry_or_park
 from outbox.stream import Message
 
 if TYPE_CHECKING:  # Task is generic in celery-types; older Celery's Task takes no subscript
@@ -176,41 +158,17 @@ def deliver(task: Task[..., Any], envelope: Any, handle: Callable[[Message], T],
         logger.error("outbox: task %s[%s] received %r, which is not an outbox message: %s",
                      task.name, task.request.id, envelope, exc)
         raise
-    attempt = task.request.retries + 1
     try:
         return handle(message)
     except (Retry, Ignore, Reject):
         raise  # the handler's own instructions to Celery
     except Exception as exc:
-        limit = outbox_settings.RECEIVER_MAX_ATTEMPTS
-        if attempt < limit:
-            pause = retry_pause(attempt)
-            logger.warning(
-                "outbox: task %s failed on message %s of tenant %s (attempt %d of %d): %s: %s;"
-                " retrying in %.1f s", task.name, message.message_id, message.tenant_id,
-                attempt, limit, type(exc).__name__, exc, pause,
-            )
-            _retry(task, exc, pause)
-        try:
-            park(dead_letter_name(task.name), message, attempt, exc, using=using)
-        except Exception as parking:
-            pause = outbox_settings.RECEIVER_RETRY_BACKOFF_MAX
-            logger.error(
-                "outbox: task %s could not park message %s of tenant %s after %d attempts"
-                " (%s: %s); trying it again in %.1f s", task.name, message.message_id,
-                message.tenant_id, attempt, type(parking).__name__, parking, pause,
-            )
-            _retry(task, exc, pause)
-        logger.error(
-            "outbox: task %s gave up on message %s of tenant %s after %d attempts and parked"
-            " it as %s (manage.py outbox_parked --redrive handles it again): %s: %s",
-            task.name, message.message_id, message.tenant_id, attempt,
-            dead_letter_name(task.name), type(exc).__name__, exc,
-        )
+        retry_or_park(task.name, dead_letter_name(task.name), message, task.request.retries + 1,
+                      exc, functools.partial(_retry, task, exc), using=using)
         raise
 
 
-def _retry(task: Task[..., Any], exc: Exception, pause: float) -> NoReturn:
+def _retry(task: Task[..., Any], exc: Exception, _attempt: int, pause: float) -> NoReturn:
     # Celery's own limit must not stop us first: ours is the attempts setting.
     limit = task.request.retries + 1
     try:
@@ -222,9 +180,6 @@ def _retry(task: Task[..., Any], exc: Exception, pause: float) -> NoReturn:
         # celery-types' Reject lacks the reason attribute that Celery's sets
         raise Reject(rejected.reason, requeue=True) from exc  # type: ignore[attr-defined]
     raise AssertionError("Task.retry() returned")  # pragma: no cover - it always raises
-
-
-# -- re-driving ------------------------------------------------------------------
 
 
 def celery_app() -> Any:
@@ -252,9 +207,6 @@ def receiver_body(task_name: str) -> Callable[..., Any] | None:
     task = app.tasks.get(task_name)
     run = getattr(task, "run", None)
     return run if getattr(run, "outbox_receiver", None) else None
-
-
-# -- what a worker and its broker must do --------------------------------------
 
 
 @dataclass(frozen=True)
@@ -337,11 +289,6 @@ def broker_scheme(app: Any) -> str:
     return urlsplit(url).scheme.split("+")[0]
 
 
-def is_amqp(app: Any) -> bool:
-    """Whether the app's broker is RabbitMQ (an AMQP 0-9-1 transport of kombu)."""
-    return broker_scheme(app) in AMQP_SCHEMES
-
-
 def relay_queues(app: Any) -> dict[str, Any]:
     """The kombu Queue of each task ``OUTBOX["CELERY_TASK"]`` names, as :func:`route` routes it."""
     found = {task: route(app, task).get("queue") for task in sorted(
@@ -372,7 +319,7 @@ def check_broker(app: Any) -> list[Problem]:
     persistent message on a durable queue once it is on disk), durable
     queues and persistent messages.
     """
-    if not is_amqp(app):
+    if broker_scheme(app) not in AMQP_SCHEMES:
         return []
     problems: list[Problem] = []
     options = app.conf.broker_transport_options or {}

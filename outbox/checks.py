@@ -1,46 +1,18 @@
-"""System checks of the outbox: is the fence still sound, can the receivers keep their promise?
+"""System checks of the outbox (each id is in docs/operations.md's table), by family:
 
-Its families, registered together by :func:`register`:
-
-- **Its settings** (``outbox.E090``, ``E091``): ``OUTBOX`` is a dict of
-  convertible values, of keys it takes (a removed key is named with what
-  replaces it).
-
-- **The fence** (``outbox.E001``/``E002``, tagged ``database``). The fence
-  (docs/guarantees.md) rests on two facts the database could be talked out
-  of after the migrations created them: message ids come from the trigger
-  ``outbox_messages_mark_publisher`` (which marks the writing transaction as
-  a publisher in flight for the row's tenant), and its sequence hands out
-  increasing values across sessions (no values cached per session, no
-  cycling, a positive increment). ``manage.py
-  check --database <alias>`` (and ``migrate``) verifies both.
-- **Seeing what holds delivery back** (``outbox.I130``, advice, tagged ``database``):
-  the system (or admin) alias's role should be a member of
-  ``pg_read_all_stats``, or PostgreSQL hides how long a publishing
-  transaction has been open, and its query, from ``outbox_status``, the
-  health check and the blocker-age metric.
-- **Two-phase commit** (``outbox.W003``, a deployment check: ``check --deploy
-  --database <alias>``): a server that allows prepared transactions lets the
-  web role leave one that holds delivery back until someone ends it.
-- **The relay's broker** (``outbox.E110``–``E112``). When the relay sends
-  through the Celery transport to RabbitMQ, publisher confirms, durable
-  queues and persistent messages are what make the broker's acknowledgement
-  mean "stored": without one of them the relay would advance past messages a
-  broker restart loses (:func:`outbox.celery.check_broker`). Errors: the
-  relay's own promise, not a worker's, is at stake, and ``relay_outbox``
-  does not start with them.
-- **The Django tasks transport** (``outbox.E120``, ``outbox.W121``): a Tasks
-  backend that keeps nothing (the dummy backend) cannot take the relay's
-  messages; one the outbox cannot vouch for is a warning
-  (:mod:`outbox.django_tasks`).
-- **The receivers** (``outbox.W100``–``W105``). ``manage.py check`` loads the
-  Celery app the outbox sends to (``OUTBOX["CELERY_APP"]``), imports its
-  tasks' modules, and warns about each receiver task
-  (:func:`outbox.receiver`) whose settings let a message be lost or run twice
-  (:func:`outbox.celery.check_app`). A worker logs the same warnings when it
-  starts, with what only it can see (its broker's persistence). Warnings, not
-  errors: the web process and the workers may be configured apart, and the
-  worker's own warning is the one that sees its setup.
+- its settings (``outbox.E090``, ``E091``): ``OUTBOX`` itself, a removed key
+  named with what replaces it;
+- the fence (``E001``, ``E002``, ``check --database``): the ids' sequence and the
+  trigger that marks publishers, which the database could be talked out of;
+- ``I130`` (advice): the system or admin alias's role cannot see how long a
+  publisher holding delivery back has been open;
+- ``W003`` (``check --deploy --database``): the server lets any role, the web
+  role too, leave a prepared transaction that holds delivery back;
+- the relay's RabbitMQ (``E110``-``E112``, :func:`outbox.celery.check_broker`):
+  errors, since the relay's own promise is at stake and it does not start;
+- the Django tasks transport (``E120``, ``W121``, :mod:`outbox.django_tasks`);
+- the Celery receivers (``W100``-``W105``, :func:`outbox.celery.check_app`):
+  warnings, since a worker is configured apart and logs its own when it starts.
 """
 
 from __future__ import annotations
@@ -82,17 +54,17 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     return check(outbox_settings, SETTINGS_CHECK_IDS)
 
 
-# -- the fence ----------------------------------------------------------------
+def _postgresql(databases: Sequence[str] | None) -> list[str]:
+    """The aliases of ``databases`` on PostgreSQL (tenancy.E005 reports the others)."""
+    return [alias for alias in databases or () if "postgresql" in
+            settings.DATABASES.get(alias, {}).get("ENGINE", "")]
+
 
 def check_fence(
     app_configs: Any = None, databases: Sequence[str] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
     errors: list[checks.CheckMessage] = []
-    for alias in databases or ():
-        if alias not in settings.DATABASES:
-            continue
-        if "postgresql" not in settings.DATABASES[alias].get("ENGINE", ""):
-            continue  # tenancy.E005 reports it
+    for alias in _postgresql(databases):
         try:
             facts = store.fence_facts(alias)
         except DatabaseError:
@@ -101,16 +73,13 @@ def check_fence(
             continue  # before the outbox's migration 0003
         cache, increment, cycle = facts.cache, facts.increment, facts.cycle
         if cache != 1 or increment <= 0 or cycle:
-            errors.append(
-                checks.Error(
-                    f"Database {alias!r}: the sequence outbox_message_ids has CACHE {cache}, "
-                    f"INCREMENT {increment}, {'CYCLE' if cycle else 'NO CYCLE'}: ids would not "
-                    "increase across sessions, and readers could skip messages committed late.",
-                    hint="ALTER SEQUENCE outbox_message_ids CACHE 1 INCREMENT 1 NO CYCLE; "
-                    "(docs/guarantees.md).",
-                    id="outbox.E001",
-                )
-            )
+            errors.append(checks.Error(
+                f"Database {alias!r}: the sequence outbox_message_ids has CACHE {cache}, "
+                f"INCREMENT {increment}, {'CYCLE' if cycle else 'NO CYCLE'}: ids would not "
+                "increase across sessions, and readers could skip messages committed late.",
+                hint="ALTER SEQUENCE outbox_message_ids CACHE 1 INCREMENT 1 NO CYCLE; "
+                "(docs/guarantees.md).",
+                id="outbox.E001"))
         if not facts.marker_exists:
             continue  # before the outbox's migration 0008 (migrate says so)
         if facts.marking not in ("O", "A") or facts.id_default is not None:
@@ -118,18 +87,15 @@ def check_fence(
                      else f"the marking trigger is disabled (tgenabled {facts.marking!r})"
                      if facts.marking not in ("O", "A")
                      else f"outbox_messages.id has the default {facts.id_default!r}")
-            errors.append(
-                checks.Error(
-                    f"Database {alias!r}: {found}. Each new message must take its id from "
-                    "the trigger outbox_messages_mark_publisher (outbox_mark_publisher_v2()), "
-                    "which marks its transaction as a publisher in flight; without it, "
-                    "readers could skip messages committed late.",
-                    hint="ALTER TABLE outbox_messages ENABLE TRIGGER "
-                    "outbox_messages_mark_publisher; ALTER TABLE outbox_messages ALTER COLUMN "
-                    "id DROP DEFAULT; (docs/guarantees.md).",
-                    id="outbox.E002",
-                )
-            )
+            errors.append(checks.Error(
+                f"Database {alias!r}: {found}. Each new message must take its id from "
+                "the trigger outbox_messages_mark_publisher (outbox_mark_publisher_v2()), "
+                "which marks its transaction as a publisher in flight; without it, "
+                "readers could skip messages committed late.",
+                hint="ALTER TABLE outbox_messages ENABLE TRIGGER "
+                "outbox_messages_mark_publisher; ALTER TABLE outbox_messages ALTER COLUMN "
+                "id DROP DEFAULT; (docs/guarantees.md).",
+                id="outbox.E002"))
     return errors
 
 
@@ -164,30 +130,23 @@ def check_stats_privilege(
                 id="outbox.I130",
             ))
     return warnings
+
+
 def check_prepared_transactions(
     app_configs: Any = None, databases: Sequence[str] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
-    """``outbox.W003`` (``check --deploy --database <alias>``): the server lets any role,
-    the web role included, ``PREPARE TRANSACTION``.
+    """``outbox.W003``: the server lets any role ``PREPARE TRANSACTION``.
 
     PostgreSQL has no privilege for two-phase commit: with
-    ``max_prepared_transactions`` above 0 every role may prepare. A prepared
-    transaction that published outlives its session and holds its tenants'
-    delivery (every tenant's, when it was marked as publishing for any tenant)
-    until someone runs ``COMMIT PREPARED`` or ``ROLLBACK PREPARED``. Health
-    reports it once it is older than ``HEALTH_MAX_LAG``; unless the
-    application uses two-phase commit, keep it from happening at all.
+    ``max_prepared_transactions`` above 0 every role may prepare, and a
+    prepared transaction that published holds its tenants' delivery until
+    someone ends it (health reports it after ``HEALTH_MAX_LAG``).
     """
-    from outbox.store import SQL
     from tenancy.statements import fetch_one
 
-    for alias in databases or ():
-        if alias not in settings.DATABASES:
-            continue
-        if "postgresql" not in settings.DATABASES[alias].get("ENGINE", ""):
-            continue  # tenancy.E005 reports it
+    for alias in _postgresql(databases):
         try:
-            allowed = int(fetch_one(alias, SQL["prepared_transactions_allowed"])[0])
+            allowed = int(fetch_one(alias, store.SQL["prepared_transactions_allowed"])[0])
         except DatabaseError:
             continue  # tenancy.E010 reports a database it cannot inspect
         if allowed > 0:
@@ -205,24 +164,17 @@ def check_prepared_transactions(
     return []
 
 
-# -- the receivers ------------------------------------------------------------
-
 #: Set while the check imports the tasks' modules: Celery's Django fix-up runs
 #: Django's system checks when task modules are imported, which would run this
 #: check again, and import again, without end.
 _importing = threading.local()
 
 
-def _settings_unreadable() -> bool:
-    """Whether ``OUTBOX`` cannot be read (not a dict, a bad value: check_settings says so)."""
-    try:
-        return bool(outbox_settings.invalid_keys())
-    except ConfigurationError:
-        return True
-
-
 def check_receivers(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    if getattr(_importing, "active", False) or _settings_unreadable():
+    try:  # an OUTBOX that cannot be read is check_settings' to report
+        if getattr(_importing, "active", False) or outbox_settings.invalid_keys():
+            return []
+    except ConfigurationError:
         return []
     try:
         from outbox import celery as outbox_celery
@@ -243,9 +195,6 @@ def check_receivers(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
     finally:
         _importing.active = False
     return [checks.Warning(p.message, hint=p.hint, id=p.id) for p in problems]
-
-
-# -- the relay's broker ----------------------------------------------------------
 
 
 def check_relay_broker(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
@@ -280,12 +229,8 @@ def check_tasks_transport(app_configs: Any = None, **kwargs: Any) -> list[checks
         return list(get_transport().check())  # type: ignore[attr-defined]
     except Exception as exc:
         return [checks.Error(
-            f"Could not load the Django tasks the outbox enqueues to: {type(exc).__name__}: "
-            f"{exc}",
-            hint='OUTBOX["TASKS_TASK"] names them '
-            "(docs/django-tasks.md).",
-            id="outbox.E120",
-        )]
+            f"Could not load the Django tasks the outbox enqueues to: {type(exc).__name__}: {exc}",
+            hint='OUTBOX["TASKS_TASK"] names them (docs/django-tasks.md).', id="outbox.E120")]
 
 
 def _transport_class() -> type | None:

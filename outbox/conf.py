@@ -28,6 +28,7 @@ from django_idempotency_outbox.conf import (
     text,
     text_mapping,
 )
+from django_idempotency_outbox.errors import ConfigurationError
 
 
 @dataclass(frozen=True)
@@ -77,9 +78,16 @@ def task_routes(value: Any, label: str) -> dict[str, str]:
     return text_mapping(value, label)
 
 
-def task_for(routes: dict[str, str], topic: str) -> str | None:
-    """The task of ``topic`` in a :func:`task_routes` dict (its own, else ``"*"``'s)."""
-    return routes.get(topic) or routes.get("*")
+def task_for(setting: str, kind: str, topic: str) -> str:
+    """The task ``OUTBOX[setting]`` names for ``topic`` (its own, else ``"*"``'s), or
+    ConfigurationError saying which setting to fill in."""
+    routes: dict[str, str] = getattr(outbox_settings, setting)
+    task = routes.get(topic) or routes.get("*")
+    if not task:
+        raise ConfigurationError(
+            f'no {kind} task for topic {topic!r}: set OUTBOX["{setting}"] (a task, or a dict '
+            'topic -> task with "*" for every other topic)')
+    return task
 
 
 class OutboxSettings(AppSettings):
@@ -116,61 +124,23 @@ class OutboxSettings(AppSettings):
         "HEALTH_MAX_LEASE_AGE": "outbox_health --max-lease-age (10 s unless given).",
     }
 
-    #: Dotted paths of the outbox.Consumer subclasses that `run_consumers` runs
-    #: and whose offsets retention waits for.
+    # Each key's meaning, default and when to change it: docs/settings.md.
     CONSUMERS: Setting[tuple[Any, ...]] = Setting((), objects)
-    #: Relay: dotted path of the transport class, or an instance; None: no
-    #: relay runs (a project with in-database consumers only), and retention
-    #: waits for none.
     TRANSPORT: Setting[Any] = Setting(
         "outbox.transports.CeleryTransport", optional(dotted_path_or_object)
     )
-    #: Relay: how long one relay owns the stream after its last renewal. A
-    #: heartbeat thread renews it every quarter of this, whatever the batch in
-    #: flight is doing, so this is also how soon a relay that died (SIGKILL, a
-    #: lost host) is replaced by one that waits.
     RELAY_LEASE = Setting(timedelta(seconds=1), seconds(allow_zero=False))
-    #: Loops: seconds to sleep when there was nothing to do (the polling fallback
-    #: of the on-commit wake-up).
     POLL_INTERVAL = Setting(0.05, seconds())
-    #: Dotted path of a callable() run after every commit that published
-    #: messages, e.g. to wake a relay on another host. None: only relays in
-    #: this process are woken; others find the messages by polling.
     ON_COMMIT: Setting[Any] = Setting(None, optional(dotted_path_or_object))
-    #: Celery transport: the Celery app (dotted path) or None for current_app.
     CELERY_APP: Setting[Any] = Setting(None, optional(dotted_path_or_object))
-    #: Celery transport: the task each message is sent to, or a dict topic ->
-    #: task ("*": every other topic).
     CELERY_TASK: Setting[dict[str, str]] = Setting(None, task_routes)
-    #: Celery transport: queue for the sent tasks; None leaves it to task_routes.
     CELERY_QUEUE = Setting(None, optional(text()))
-    #: Django tasks transport (outbox.django_tasks.DjangoTasksTransport): the
-    #: task (dotted path of a Django Task) each message is enqueued to, or a
-    #: dict topic -> task ("*": every other topic).
     TASKS_TASK: Setting[dict[str, str]] = Setting(None, task_routes)
-    #: Receivers (outbox.receiver, Celery; outbox.django_tasks.receiver_task):
-    #: attempts at one message, the first included, before it is parked in the
-    #: dead-letter table.
     RECEIVER_MAX_ATTEMPTS = Setting(10, integer(minimum=1))
-    #: Receivers: the longest pause between two attempts (the first is 1 s,
-    #: doubled for each further one). Keep it below the broker's visibility
-    #: timeout (Redis: 1 hour by default; SQS: 30 s).
     RECEIVER_RETRY_BACKOFF_MAX = Setting(timedelta(minutes=5), seconds())
-    #: Relay and receivers: secrets. The relay signs every envelope with the
-    #: first; receivers accept a signature made with any of them and refuse a
-    #: message without a valid one (docs/outbox.md). Empty: nothing is signed
-    #: or verified.
     SIGNING_KEYS: Setting[tuple[SigningKey, ...]] = Setting((), signing_keys)
-    #: Retention: messages older than this AND passed by every reader are
-    #: deleted; receivers' records of message ids are kept as long.
     RETENTION = Setting(timedelta(days=7), seconds())
-    #: Debezium (docs/debezium.md): the logical replication slot that carries
-    #: outbox_messages (the connector's slot.name). Retention keeps every message
-    #: the slot has not passed, health reports the slot, and publish() signs each
-    #: message (with SIGNING_KEYS) for the receivers behind it. None: no slot.
     REPLICATION_SLOT = Setting(None, optional(text(max_length=63)))
-    #: Health checks (outbox_health, outbox.health_view): a reader whose oldest
-    #: unpassed readable message is older than this is unhealthy.
     HEALTH_MAX_LAG = Setting(timedelta(seconds=60), seconds(allow_zero=False))
 
 

@@ -1,27 +1,13 @@
-"""In-database consumers: exactly-once database effects per message.
+"""In-database consumers: exactly-once database effects per message (docs/consumers.md).
 
-A consumer batch is one transaction on the worker alias
-(``TENANCY["WORKER_DATABASE"]``, a role under row-level security that alone
-may move offsets), so the handler's ordinary ORM writes (routed there by
-``tenancy.routers.AppDatabaseRouter`` while the batch runs) and the offset
-update commit or roll back together::
-
-    BEGIN                                          -- worker alias
-      SELECT ... FROM consumer_offsets             -- this partition's row,
-       WHERE ... FOR UPDATE SKIP LOCKED            --   or skip: another worker has it
-      (read the next batch on the system alias, a statement of its own)
-      for each tenant in the batch:
-        SAVEPOINT; SET LOCAL app.tenant_id; handle(message) ...; RELEASE
-      UPDATE consumer_offsets SET last_id, held ...
-    COMMIT
-
-A crash before COMMIT loses the handler's writes together with the offset
-advance, so the batch is handled again, once. A handler that raises is
-rolled back to its savepoint; the offset stops before its message, which is
-retried after a growing pause and, after its ``max_attempts``, parked in
-``outbox_dead_letters`` so the partition moves on. Its error is kept in its
-tenant's row of ``outbox_consumer_failures`` (never on the shared offset row)
-until the partition passes it.
+A batch is one transaction on the worker alias: it locks the partition's
+offset row (``SKIP LOCKED``: another worker has it), reads the next messages
+on the system alias, runs ``handle`` as each message's tenant (the handler's
+ORM writes are routed to the same transaction) and advances the offset, so the
+writes and the advance commit or roll back together. A handler that raises is
+rolled back to its savepoint and its message retried after a growing pause,
+then parked; its error is kept in its tenant's row of
+``outbox_consumer_failures``, never on the shared offset row.
 """
 
 from __future__ import annotations
@@ -246,7 +232,8 @@ def run_batch(consumer: Consumer, partition: int = 0) -> BatchResult:
 
 
 def _run_batch(consumer: Consumer, partition: int, worker: str, system: str) -> BatchResult:
-    limit = consumer.batch_size
+    from outbox.models import ConsumerFailure  # Consumer is importable before the app registry
+
     max_attempts = consumer.max_attempts
     with transaction.atomic(using=worker):
         offset = store.lock_offset(worker, consumer.name, partition, lost_after=consumer.lost_after)
@@ -254,14 +241,9 @@ def _run_batch(consumer: Consumer, partition: int, worker: str, system: str) -> 
             return BatchResult(locked=True)
         if offset.waiting:
             return BatchResult(waiting=True)
-        batch = store.read_batch(
-            system,
-            offset.position,
-            limit,
-            topics=consumer.topics,
-            partition=partition,
-            partition_count=consumer.partitions,
-        )
+        batch = store.read_batch(system, offset.position, consumer.batch_size,
+                                 topics=consumer.topics, partition=partition,
+                                 partition_count=consumer.partitions)
         messages = batch.messages
         if not messages:
             moved = batch.position_after(offset.position)
@@ -274,7 +256,8 @@ def _run_batch(consumer: Consumer, partition: int, worker: str, system: str) -> 
             # The head had failed before and is now handled or parked: its
             # error (its tenant's row) goes. (Failing again, it is replaced.)
             with tenant_context(messages[0].tenant_id, using=worker):
-                store.clear_failure(worker, consumer.name, partition)
+                ConsumerFailure.objects.using(worker).filter(
+                    consumer=consumer.name, partition=partition).delete()
         if failure is None:
             position = batch.position_after(offset.position)
             store.advance_offset(worker, consumer.name, partition, position)

@@ -1,28 +1,17 @@
 """Parked messages: listing them, handling them again ("re-driving"), discarding them.
 
-A consumer parks a message after its ``max_attempts`` failures, so the rest of
-its partition keeps flowing; a Celery receiver parks one after
-``RECEIVER_MAX_ATTEMPTS`` (its rows are named ``celery:<task name>``). The
-dead-letter row is a full copy of the message. Re-driving runs the consumer's
-``handle`` (or the receiver task's body, in this process, with its
-de-duplication) again as the message's tenant and deletes the row in the same
-transaction: a re-driven message has its database effects exactly once, like
-any other. Re-driven messages are, by nature, out of order with the rest of
-their key.
+The dead-letter row is a full copy of the message (docs/consumers.md). A
+re-drive runs the consumer's ``handle`` (or the receiver task's body, with its
+de-duplication) as the message's tenant and deletes the row in the same
+transaction: its database effects happen once, like any other message's, out
+of order with the rest of its key.
 
-Many at once ("everything this filter matches") is a job: a row of
-``outbox_parked_jobs`` (:class:`outbox.models.ParkedJob`) written by
-:func:`enqueue` (the admin's actions, ``outbox_parked --background``) and
-worked by :func:`work` (``outbox_parked --work``, the
-``outbox.work_parked_jobs`` task) in batches along ``(tenant_id, id)``. Each
-batch ends by writing how far it got and what came of it, under a lease of
-the job's row: a worker that dies is followed, once the lease has run out,
-by one that goes on from there (the batch it was in is done again: what it
-had re-driven is gone, what had failed again is tried once more).
-
-Who did what is written twice: to the ``outbox`` logger (the user and the
-rows), and, when a user of the admin asked, to Django's admin log
-(:func:`audit`).
+Many at once is a job (:class:`outbox.models.ParkedJob`), asked for by
+:func:`enqueue` and done by :func:`work` in batches along ``(tenant_id, id)``,
+each batch's end written under a lease of the job's row: a worker that dies is
+followed by one that goes on from there (redoing the batch it was in). Who did
+what goes to the ``outbox`` logger and, for a user of the admin, to Django's
+admin log (:func:`audit`).
 """
 
 from __future__ import annotations
@@ -34,9 +23,9 @@ import traceback
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
-from django.contrib.admin.models import CHANGE, DELETION, LogEntry
+from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.auth import get_user_model
 from django.contrib.contenttypes.models import ContentType
 from django.db import transaction
@@ -44,11 +33,9 @@ from django.db.models import F, Max, Q, QuerySet
 from django.db.models.functions import Coalesce, Now
 from django.utils.text import smart_split, unescape_string_literal
 
-from outbox import store
 from outbox.consumers import Consumer, configured_consumers
 from outbox.exceptions import ConsumerConfigError
 from outbox.models import DeadLetter, ParkedJob, ParkedMessageRecord
-from outbox.store import Parked
 from outbox.stream import Message
 from tenancy import tenant_context
 from tenancy.aliases import app_alias, system_alias
@@ -63,11 +50,32 @@ JOB_LEASE = timedelta(seconds=120)
 Row = tuple[int, int]  # (tenant_id, id) of a dead-letter row
 
 
+@dataclass(frozen=True)
+class Parked:
+    """A dead-letter row, as listed for people."""
+
+    tenant_id: int
+    id: int
+    consumer: str
+    message_id: str
+    topic: str
+    key: str | None
+    attempts: int
+    parked_at: datetime
+    error: str
+
+
 def list_parked(
     consumer: str | None = None, tenant_id: int | None = None, limit: int = 100
 ) -> list[Parked]:
     """Parked messages across tenants (read on the system alias), oldest first."""
-    return store.list_parked(system_alias(), consumer, tenant_id, limit)
+    rows = DeadLetter.objects.using(system_alias()).order_by("parked_at", "tenant_id", "id")
+    if consumer is not None:
+        rows = rows.filter(consumer=consumer)
+    if tenant_id is not None:
+        rows = rows.filter(tenant_id=tenant_id)
+    return [Parked(r.tenant_id, r.id, r.consumer, str(r.message_id), r.topic, r.key, r.attempts,
+                   r.parked_at, r.error) for r in rows.defer("payload", "headers")[:limit]]
 
 
 @dataclass(frozen=True)
@@ -126,27 +134,32 @@ def _redrive_one(
 ) -> str:
     alias = app_alias()
     with tenant_context(tenant, using=alias):
-        parked = store.lock_parked(alias, tenant, row_id)
-        if parked is None or (only is not None and parked.consumer != only):
+        mine = DeadLetter.objects.using(alias).filter(tenant_id=tenant, id=row_id)
+        row = mine.select_for_update(skip_locked=True).first()  # skipped: someone re-drives it
+        if row is None or (only is not None and row.consumer != only):
             return "missing"
-        name = parked.consumer
+        name = row.consumer
         handle = _receiver_handler(name, tenant, row_id) if _is_receiver(name) else None
         if handle is None and name not in consumers:
             raise ConsumerConfigError(
                 f"parked message {tenant}/{row_id} belongs to consumer {name!r}, which is not "
                 'in OUTBOX["CONSUMERS"]'
             )
+        message = Message(
+            id=row.message_pk, message_id=row.message_id, tenant_id=tenant, topic=row.topic,
+            payload=row.payload, key=row.key, aggregate_type=row.aggregate_type,
+            aggregate_id=row.aggregate_id, headers=row.headers or {},
+            created_at=row.message_created_at)
         try:
             with transaction.atomic(using=alias):
-                (handle or consumers[name].handle)(parked.message)
+                (handle or consumers[name].handle)(message)
         except Exception as exc:
             logger.warning("outbox: re-driving %s/%s for %s failed again: %s",
                            tenant, row_id, name, exc)
             error = "".join(traceback.format_exception(exc)).strip()
-            DeadLetter.objects.using(alias).filter(tenant_id=tenant, id=row_id).update(
-                attempts=F("attempts") + 1, error=error, redrive_failed_at=Now())
+            mine.update(attempts=F("attempts") + 1, error=error, redrive_failed_at=Now())
             return "failed"
-        store.delete_parked(alias, tenant, row_id)
+        mine.delete()
         return "handled"
 
 
@@ -202,9 +215,6 @@ def discard(ids: Sequence[Row], *, by: str = "") -> int:
     return len(gone)
 
 
-# -- which rows ----------------------------------------------------------------
-
-
 def search_terms(search: str) -> Q:
     """What the admin's search box matches: each term (quotes keep words together) in the
     key, topic, consumer or error (the traceback), or equal to the message id."""
@@ -236,9 +246,6 @@ def matching(job: ParkedJob, using: str | None = None) -> QuerySet[DeadLetter]:
     if job.rows is not None:
         rows = rows.filter(pk__in=[tuple(r) for r in job.rows])
     return rows
-
-
-# -- jobs ------------------------------------------------------------------------
 
 
 def enqueue(
@@ -367,11 +374,7 @@ def _run(job: ParkedJob, owner: str, batch_size: int,
                 gone = discard(batch, by=by)
                 counts = (gone, 0, len(batch) - gone)
         except ConsumerConfigError as exc:
-            jobs.update(state=ParkedJob.State.FAILED, finished_at=Now(), last_error=str(exc),
-                        lease_owner="", lease_until=None)
-            job.refresh_from_db(using=system_alias())
-            _finished(job)
-            return True
+            return _finish(job, jobs, ParkedJob.State.FAILED, str(exc))
         job.after_tenant_id, job.after_id = batch[-1]
         if not jobs.update(after_tenant_id=job.after_tenant_id, after_id=job.after_id,
                            handled=F("handled") + counts[0], failed=F("failed") + counts[1],
@@ -382,13 +385,13 @@ def _run(job: ParkedJob, owner: str, batch_size: int,
         job.refresh_from_db(using=system_alias())
         if progress is not None:
             progress(job)
-    jobs.update(state=ParkedJob.State.DONE, finished_at=Now(), lease_owner="", lease_until=None)
+    return _finish(job, jobs, ParkedJob.State.DONE)
+
+
+def _finish(job: ParkedJob, jobs: QuerySet[ParkedJob], state: str, error: str = "") -> bool:
+    jobs.update(state=state, finished_at=Now(), last_error=error, lease_owner="",
+                lease_until=None)
     job.refresh_from_db(using=system_alias())
-    _finished(job)
-    return True
-
-
-def _finished(job: ParkedJob) -> None:
     verb = "re-drove" if job.action == ParkedJob.Action.REDRIVE else "discarded"
     outcome = (f"{job.handled} handled, {job.failed} failed again, {job.missing} no longer parked"
                if job.action == ParkedJob.Action.REDRIVE
@@ -399,9 +402,7 @@ def _finished(job: ParkedJob) -> None:
     logger.warning("outbox: %s for %s", text, job.requested_by)
     if job.user_id is not None:
         audit(job.user_id, ParkedJob, str(job.pk), str(job), CHANGE, text)
-
-
-# -- who did what ------------------------------------------------------------------
+    return True
 
 
 def audit(user_id: int, model: type[ParkedJob] | type[ParkedMessageRecord], object_id: str,
@@ -419,29 +420,15 @@ def audit(user_id: int, model: type[ParkedJob] | type[ParkedMessageRecord], obje
     )
 
 
-#: The admin log's action flags, for callers of :func:`audit`.
-CHANGED, DELETED = CHANGE, DELETION
-
-
 def spans(rows: Iterable[Row]) -> str:
     """``(tenant, id)`` rows in few words: ``1/5-9, 1/12, 2/40``."""
-    out: list[str] = []
-    start: Row | None = None
-    last: Row | None = None
-    for row in sorted(rows):
-        if last is not None and row == (last[0], last[1] + 1):
-            last = row
-            continue
-        if start is not None and last is not None:
-            out.append(_span(start, last))
-        start = last = row
-    if start is not None and last is not None:
-        out.append(_span(start, last))
-    return ", ".join(out) or "none"
-
-
-def _span(first: Row, last: Row) -> str:
-    return f"{first[0]}/{first[1]}" + (f"-{last[1]}" if last != first else "")
+    runs: list[list[int]] = []  # [tenant, first id, last id]
+    for tenant, row_id in sorted(rows):
+        if runs and runs[-1][0] == tenant and runs[-1][2] == row_id - 1:
+            runs[-1][2] = row_id
+        else:
+            runs.append([tenant, row_id, row_id])
+    return ", ".join(f"{t}/{a}" + (f"-{b}" if b != a else "") for t, a, b in runs) or "none"
 
 
 def _process() -> str:

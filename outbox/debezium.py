@@ -1,30 +1,17 @@
-"""Debezium carries the outbox: what the library does when a connector reads the WAL.
+"""Debezium carries the outbox (docs/debezium.md): the library's side of that road.
 
-With ``OUTBOX["REPLICATION_SLOT"]`` set, a Debezium PostgreSQL connector (or
-any reader of a logical replication slot) delivers ``outbox_messages`` in
-commit order, and the library's relay is off (``OUTBOX["TRANSPORT"] = None``).
-This module holds the library's side of that road (docs/debezium.md):
-
-- the publisher's signature: :func:`signed_headers`, which ``publish()`` calls,
-  puts an HMAC of the message into its headers (there is no relay to sign);
-- the receiving side: :func:`envelope` and :func:`message` turn a Kafka record
-  shaped by Debezium's outbox event router, with the connector configuration
-  of docs/debezium.md, into the envelope the relay would have sent and the
-  :class:`~outbox.stream.Message` a receiver takes, after checking the
-  publisher's signature;
-- the slot: :func:`slot_state` reads it for retention (:mod:`outbox.retention`
-  keeps every message the slot has not passed) and for health
-  (:func:`slot_problems`);
-- the opt-in: :func:`migration_source` writes the migration that creates the
-  publication and grants the connector's role (``manage.py
-  outbox_debezium_migration``).
+With ``OUTBOX["REPLICATION_SLOT"]`` set, a connector reads ``outbox_messages``
+from the WAL and no relay runs: ``publish()`` signs each message itself
+(:func:`signed_headers`); :func:`message_from_record` turns a record of the
+outbox event router into the :class:`~outbox.stream.Message` a receiver takes,
+its signature checked; retention and health read the slot (:func:`slot_state`);
+:func:`migration_source` writes the opt-in migration
+(``manage.py outbox_debezium_migration``).
 """
 
 from __future__ import annotations
 
-import hmac
 import json
-import logging
 import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -35,13 +22,12 @@ from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 
+from outbox import signing
 from outbox.conf import SigningKey, outbox_settings
 from outbox.exceptions import BadSignature
 from outbox.store import SQL
 from outbox.stream import ENVELOPE_KEYS, Message
 from tenancy.statements import affected, fetch_one
-
-logger = logging.getLogger("outbox")
 
 #: The key of ``headers`` that carries the publisher's signature.
 SIGNATURE_HEADER = "outbox-signature"
@@ -49,9 +35,6 @@ SIGNATURE_HEADER = "outbox-signature"
 #: The scheme of the publisher's signature: ``r1.<key id>.<64 hex digits>``.
 SCHEME = "r1"
 
-_DOMAIN = b"outbox row v1\n"
-_FORMAT = re.compile(r"r1\.([0-9a-f]{8})\.([0-9a-f]{64})")
-_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
 _DJANGO = DjangoJSONEncoder()
 
 #: The Kafka headers the connector configuration of docs/debezium.md writes:
@@ -61,9 +44,6 @@ HEADERS = ("id", "tenant_id", "type", "outbox_id", "aggregate_type", "aggregate_
            "created_at")
 
 Headers = Mapping[str, bytes | str | None] | Iterable[tuple[str, bytes | str | None]]
-
-
-# -- the publisher's signature --------------------------------------------------
 
 
 def _as_stored(value: Any) -> Any:
@@ -84,24 +64,19 @@ def _jsonb_number(text: str) -> int | float:
     return 0.0 if number == 0 else number
 
 
-def _signed_content(fields: Mapping[str, Any]) -> bytes:
-    return _DOMAIN + _ENCODER.encode(fields).encode("ascii")
-
-
-def _content(*, message_id: Any, tenant_id: int, topic: str, key: str | None,
-             aggregate_type: str | None, aggregate_id: str | None, payload: Any,
-             headers: Mapping[str, Any]) -> dict[str, Any]:
-    """What the publisher signs: the envelope but its id and time, which the database gives."""
-    return {
+def _mac(by: SigningKey, *, message_id: Any, tenant_id: int, topic: str, key: str | None,
+         aggregate_type: str | None, aggregate_id: str | None, payload: Any,
+         headers: Mapping[str, Any]) -> str:
+    """The publisher's signature of the envelope but its id and time (the database gives them)."""
+    return signing.mac({
         "message_id": str(message_id), "tenant_id": int(tenant_id), "topic": topic, "key": key,
         "aggregate_type": aggregate_type, "aggregate_id": aggregate_id, "payload": payload,
-        "headers": {k: v for k, v in headers.items() if k != SIGNATURE_HEADER},
-    }
+        "headers": _unsigned(headers),
+    }, by, SCHEME, b"outbox row v1\n")
 
 
-def _mac(content: Mapping[str, Any], key: SigningKey) -> str:
-    digest = hmac.digest(key.secret, _signed_content(content), "sha256").hex()
-    return f"{SCHEME}.{key.key_id}.{digest}"
+def _unsigned(headers: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in headers.items() if k != SIGNATURE_HEADER}
 
 
 def signed_headers(*, message_id: uuid.UUID, tenant_id: int, topic: str, key: str | None,
@@ -124,12 +99,10 @@ def signed_headers(*, message_id: uuid.UUID, tenant_id: int, topic: str, key: st
     keys = outbox_settings.SIGNING_KEYS
     if not keys:
         return headers
-    content = _content(
-        message_id=message_id, tenant_id=tenant_id, topic=topic, key=key,
-        aggregate_type=aggregate_type, aggregate_id=aggregate_id,
-        payload=_as_stored(payload), headers=_as_stored(headers),
-    )
-    return {**headers, SIGNATURE_HEADER: _mac(content, keys[0])}
+    mark = _mac(keys[0], message_id=message_id, tenant_id=tenant_id, topic=topic, key=key,
+                aggregate_type=aggregate_type, aggregate_id=aggregate_id,
+                payload=_as_stored(payload), headers=_as_stored(headers))
+    return {**headers, SIGNATURE_HEADER: mark}
 
 
 def verify(data: Mapping[str, Any], keys: Sequence[SigningKey] | None = None) -> None:
@@ -149,45 +122,21 @@ def verify(data: Mapping[str, Any], keys: Sequence[SigningKey] | None = None) ->
     mark = headers.get(SIGNATURE_HEADER) if isinstance(headers, Mapping) else None
     if mark is None:
         raise BadSignature("it carries no publisher's signature")
-    found = _FORMAT.fullmatch(mark) if isinstance(mark, str) else None
-    if found is None:
-        raise BadSignature(f"its signature is malformed, or not of the scheme {SCHEME}")
-    key = next((k for k in keys if k.key_id == found.group(1)), None)
-    if key is None:
-        raise BadSignature(f'it is signed with key {found.group(1)}, which is not in '
-                           'OUTBOX["SIGNING_KEYS"]')
     assert isinstance(headers, Mapping)
-    try:
-        expected = _mac(_content(
-            message_id=data["message_id"], tenant_id=data["tenant_id"], topic=data["topic"],
-            key=data["key"], aggregate_type=data["aggregate_type"],
-            aggregate_id=data["aggregate_id"], payload=data["payload"], headers=headers,
-        ), key)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise BadSignature("its content cannot be encoded to be verified") from exc
-    if not hmac.compare_digest(expected, mark):
-        raise BadSignature("its signature does not match its content")
-
-
-# -- the receiving side -----------------------------------------------------------
+    signing.verify_mark(mark, keys, SCHEME, lambda by: _mac(
+        by, message_id=data["message_id"], tenant_id=data["tenant_id"], topic=data["topic"],
+        key=data["key"], aggregate_type=data["aggregate_type"],
+        aggregate_id=data["aggregate_id"], payload=data["payload"], headers=headers))
 
 
 def _text(value: bytes | str | None) -> str | None:
     return value.decode("utf-8") if isinstance(value, bytes) else value
 
 
-def _header_map(headers: Headers) -> dict[str, str | None]:
-    pairs = headers.items() if isinstance(headers, Mapping) else headers
-    found: dict[str, str | None] = {}
-    for name, value in pairs:
-        if name in HEADERS:
-            found[name] = _text(value)
-    return found
-
-
 def _signed_envelope(value: bytes | str | None, headers: Headers,
                      key: bytes | str | None) -> dict[str, Any]:
-    found = _header_map(headers)
+    pairs = headers.items() if isinstance(headers, Mapping) else headers
+    found = {name: _text(text) for name, text in pairs if name in HEADERS}
     missing = [name for name in ("id", "tenant_id", "type", "outbox_id") if not found.get(name)]
     if missing:
         raise ValueError(f"not an outbox record: no {', '.join(missing)} header (the connector "
@@ -230,8 +179,7 @@ def envelope_from_record(value: bytes | str | None, headers: Headers,
             of docs/debezium.md writes.
     """
     data = _signed_envelope(value, headers, key)
-    data["headers"] = {k: v for k, v in data["headers"].items() if k != SIGNATURE_HEADER}
-    return data
+    return data | {"headers": _unsigned(data["headers"])}
 
 
 def message_from_record(value: bytes | str | None, headers: Headers,
@@ -257,17 +205,8 @@ def message_from_record(value: bytes | str | None, headers: Headers,
         ValueError: not a record of the outbox (see :func:`envelope`).
     """
     data = _signed_envelope(value, headers, key)
-    try:
-        verify(data)
-    except BadSignature as exc:
-        logger.error("outbox: %s refused message %s: %s; it is not handled, retried or parked",
-                     by, data["message_id"], exc)
-        raise
-    data["headers"] = {k: v for k, v in data["headers"].items() if k != SIGNATURE_HEADER}
-    return Message.from_envelope(data)
-
-
-# -- the slot -----------------------------------------------------------------------
+    signing.check(data, by=by, verify=verify)
+    return Message.from_envelope(data | {"headers": _unsigned(data["headers"])})
 
 
 @dataclass(frozen=True)
@@ -324,13 +263,8 @@ def delete_passed_messages(using: str, upto: int, passed_before: int, older_than
 
 
 def slot_problems(using: str) -> list[str]:
-    """What is wrong with ``OUTBOX["REPLICATION_SLOT"]``, one line each (empty: nothing).
-
-    A slot that does not exist, that no reader streams from (the connector
-    stopped: messages wait in the outbox and WAL piles up on the server), or
-    whose WAL was removed (``wal_status`` ``lost``: the connector cannot
-    resume from it). Empty when no slot is configured.
-    """
+    """What is wrong with ``OUTBOX["REPLICATION_SLOT"]``, one line each (empty: nothing, or
+    no slot configured): missing, read by no connector, or its WAL removed."""
     name = outbox_settings.REPLICATION_SLOT
     if name is None:
         return []
@@ -352,23 +286,17 @@ def slot_problems(using: str) -> list[str]:
     return problems
 
 
-# -- the opt-in -------------------------------------------------------------------
-
-_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-
-
-def identifier(value: str, what: str) -> str:
-    """``value`` if it is a plain lower-case SQL identifier, else ValueError naming ``what``."""
-    if not _IDENTIFIER.fullmatch(value):
-        raise ValueError(f"{what} must be a lower-case SQL identifier (letters, digits, _), "
-                         f"not {value!r}")
-    return value
+def _identifiers(publication: str, role: str) -> None:
+    """ValueError unless both are plain lower-case SQL identifiers (they are written into SQL)."""
+    for value, what in ((publication, "the publication"), (role, "the connector's role")):
+        if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", value):
+            raise ValueError(f"{what} must be a lower-case SQL identifier (letters, digits, _), "
+                             f"not {value!r}")
 
 
 def forward_sql(publication: str, role: str) -> str:
     """The SQL the opt-in migration runs (as the owner role, with migrate)."""
-    identifier(publication, "the publication")
-    identifier(role, "the connector's role")
+    _identifiers(publication, role)
     return f"""\
 -- The connector's role logs in with REPLICATION; creating such a role takes a
 -- superuser, so migrate (the owner) only checks that it is there:
@@ -397,8 +325,7 @@ GRANT SELECT ON outbox_messages TO {role};
 
 def reverse_sql(publication: str, role: str) -> str:
     """The SQL that undoes :func:`forward_sql` (``migrate <app> <previous>``)."""
-    identifier(publication, "the publication")
-    identifier(role, "the connector's role")
+    _identifiers(publication, role)
     return f"""\
 REVOKE SELECT ON outbox_messages FROM {role};
 DROP PUBLICATION IF EXISTS {publication};

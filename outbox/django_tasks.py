@@ -1,46 +1,13 @@
-"""The outbox on Django's Tasks framework: a transport that enqueues, receivers that are tasks.
+"""The outbox on Django's Tasks framework, no Celery needed (docs/django-tasks.md).
 
-``django.tasks`` (Django 6.0) or its backport for Django 5.2, the
-``django-tasks`` package (module ``django_tasks``): whichever is importable,
-``django.tasks`` first. No Celery is needed anywhere.
-
-The relay enqueues each message as a task (:class:`DjangoTasksTransport`)::
-
-    OUTBOX = {
-        "TRANSPORT": "outbox.django_tasks.DjangoTasksTransport",
-        "TASKS_TASK": {
-            "order.paid": "shop.tasks.send_receipt",  # a task per topic...
-            "*": "shop.tasks.on_event",               # ...and one for every other topic
-        },
-    }
-
-and a receiver is a task built by :func:`receiver_task`::
-
-    @receiver_task("shop.send_receipt")
-    def send_receipt(message):              # an outbox.Message, as its tenant
-        Receipt.objects.create(...)
-
-It keeps the promises of a Celery receiver (docs/django-tasks.md): its record
-in ``outbox_received`` drops duplicates in the transaction of its writes; a
-failure is retried (a new task, after 1 s doubled per attempt up to
-``RECEIVER_RETRY_BACKOFF_MAX``, where the backend can defer) and parked in ``outbox_dead_letters``
-as ``tasks:<task path>`` after ``RECEIVER_MAX_ATTEMPTS``; the tenant comes
-from the envelope; with ``SIGNING_KEYS`` set an envelope that does not verify
-is refused.
-
-What the outbox can promise depends on the backend:
-
-- **django-tasks-db** (``django_tasks_db.DatabaseBackend``): a batch is
-  enqueued in one transaction on the tasks' database, committed before the
-  relay advances its offset: at least once, and a batch is in the queue whole
-  or not at all. A worker that dies mid-task leaves its task marked
-  RUNNING for good; :func:`requeue_stalled` (``manage.py
-  requeue_outbox_tasks``) makes it ready again once it is no longer held (a
-  running receiver holds its task's row locked in its transaction).
-- **any other backend**: at least once only as far as its ``enqueue`` stores
-  the task durably before returning; the outbox cannot tell (``outbox.W121``).
-  Django's ``ImmediateBackend`` runs the receiver inside the relay's
-  ``enqueue``; the ``DummyBackend`` keeps nothing (``outbox.E120``).
+``django.tasks`` (Django 6.0) or, else, its backport ``django_tasks``. The relay
+enqueues each message as the task ``OUTBOX["TASKS_TASK"]`` names for its topic
+(:class:`DjangoTasksTransport`); a receiver is a task made by
+:func:`receiver_task`, with a Celery receiver's promises. At least once holds
+as far as the backend stores a task before ``enqueue`` returns: django-tasks-db
+does, a batch in one transaction (and :func:`requeue_stalled` gives back the
+task of a worker that died); for any other the outbox cannot tell (``W121``);
+the dummy backend keeps nothing (``E120``).
 """
 
 from __future__ import annotations
@@ -49,6 +16,7 @@ import functools
 import importlib
 import logging
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import nullcontext
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -62,7 +30,7 @@ from django_idempotency_outbox.errors import ConfigurationError
 from outbox import signing
 from outbox.conf import outbox_settings, task_for
 from outbox.exceptions import BadSignature
-from outbox.receivers import park, receive, retry_pause
+from outbox.receivers import receive, retry_or_park
 from outbox.stream import Message
 from outbox.transports import Transport
 
@@ -105,6 +73,12 @@ def _database_backend() -> type | None:
     return DatabaseBackend
 
 
+def _uses_database(backend: Any) -> bool:
+    """Whether ``backend`` is django-tasks-db's."""
+    found = _database_backend()
+    return found is not None and isinstance(backend, found)
+
+
 def _dummy_backend() -> type | None:
     try:
         return importlib.import_module(  # type: ignore[no-any-return]
@@ -140,9 +114,6 @@ def configured_task_paths() -> list[str]:
     return sorted(set(outbox_settings.TASKS_TASK.values()))
 
 
-# -- the transport -------------------------------------------------------------------
-
-
 class DjangoTasksTransport(Transport):
     """Enqueues each message as a Django task: the one ``OUTBOX["TASKS_TASK"]`` names for its topic.
 
@@ -156,12 +127,7 @@ class DjangoTasksTransport(Transport):
     """
 
     def task_for(self, topic: str) -> Any:
-        path = task_for(outbox_settings.TASKS_TASK, topic)
-        if not path:
-            raise ConfigurationError(
-                f'no Django task for topic {topic!r}: set OUTBOX["TASKS_TASK"] (a task, or a '
-                'dict topic -> task with "*" for every other topic)')
-        return load_task(str(path))
+        return load_task(task_for("TASKS_TASK", "Django", topic))
 
     def send(self, messages: Sequence[Message]) -> None:
         routes: dict[str, Any] = {}  # topic -> task; configuration errors before any I/O
@@ -170,11 +136,7 @@ class DjangoTasksTransport(Transport):
                 routes[message.topic] = self.task_for(message.topic)
         tasks = [routes[m.topic] for m in messages]
         database = self._one_database(routes.values())
-        if database is None:
-            for message, task in zip(messages, tasks, strict=True):
-                task.enqueue(message.envelope())
-            return
-        with transaction.atomic(using=database):
+        with nullcontext() if database is None else transaction.atomic(using=database):
             for message, task in zip(messages, tasks, strict=True):
                 task.enqueue(message.envelope())
 
@@ -187,12 +149,7 @@ class DjangoTasksTransport(Transport):
         envelopes and has no row-level security: the web role has no privilege
         on it, ``outbox.E124``).
         """
-        backend_class = _database_backend()
-        if backend_class is None:
-            return None
-        if not all(isinstance(t.get_backend(), backend_class) for t in tasks):
-            return None
-        return queue_alias()
+        return queue_alias() if all(_uses_database(t.get_backend()) for t in tasks) else None
 
     def check(self) -> list[checks.CheckMessage]:
         """``outbox.E120``: no task, or a backend that keeps nothing; ``W121``: one we
@@ -250,9 +207,6 @@ def _check_queue_alias() -> list[checks.CheckMessage]:
         hint='Add "tenancy.routers.AppDatabaseRouter" to DATABASE_ROUTERS: it sends the queue '
         'to TENANCY["WORKER_DATABASE"] (docs/django-tasks.md).',
         id="outbox.E124")]
-
-
-# -- receivers -----------------------------------------------------------------------
 
 
 def receiver_task(
@@ -334,17 +288,11 @@ def _holding(backend: Any, using: str | None) -> Any:
     (or with it, when its worker is killed), and a retry it enqueues commits
     with it.
     """
-    from contextlib import nullcontext
-
     from tenancy.aliases import app_alias
 
-    backend_class = _database_backend()
-    if backend_class is None or not isinstance(backend, backend_class):
+    if not _uses_database(backend) or queue_alias() == app_alias(using):
         return nullcontext()
-    database = queue_alias()
-    if database == app_alias(using):
-        return nullcontext()
-    return transaction.atomic(using=database)
+    return transaction.atomic(using=queue_alias())
 
 
 def _hold(result_id: str, backend: Any) -> None:
@@ -355,8 +303,7 @@ def _hold(result_id: str, backend: Any) -> None:
     :func:`requeue_stalled` skips locked rows: a RUNNING task whose row is free
     past :data:`STALLED_AFTER` has no live receiver.
     """
-    backend_class = _database_backend()
-    if backend_class is None or not isinstance(backend, backend_class):
+    if not _uses_database(backend):
         return
     from django_tasks_db.models import DBTaskResult
 
@@ -370,33 +317,13 @@ def _hold(result_id: str, backend: Any) -> None:
 def _failed(task: Any, envelope: Any, message: Message, attempt: int, exc: Exception,
             using: str | None) -> dict[str, Any]:
     path = task.module_path
-    limit = outbox_settings.RECEIVER_MAX_ATTEMPTS
-    if attempt < limit:
-        pause = retry_pause(attempt)
-        logger.warning(
-            "outbox: task %s failed on message %s of tenant %s (attempt %d of %d): %s: %s;"
-            " retrying in %.1f s", path, message.message_id, message.tenant_id, attempt, limit,
-            type(exc).__name__, exc, pause)
-        _enqueue_again(task, envelope, attempt + 1, pause)
-        return {"outcome": "retried", "next_attempt": attempt + 1,
-                "error": f"{type(exc).__name__}: {exc}"}
-    try:
-        park(dead_letter_name(path), message, attempt, exc, using=using)
-    except Exception as parking:
-        pause = outbox_settings.RECEIVER_RETRY_BACKOFF_MAX
-        logger.error(
-            "outbox: task %s could not park message %s of tenant %s after %d attempts (%s: %s);"
-            " trying it again in %.1f s", path, message.message_id, message.tenant_id, attempt,
-            type(parking).__name__, parking, pause)
-        _enqueue_again(task, envelope, attempt, pause)
-        return {"outcome": "retried", "next_attempt": attempt,
-                "error": f"{type(exc).__name__}: {exc}"}
-    logger.error(
-        "outbox: task %s gave up on message %s of tenant %s after %d attempts and parked it as "
-        "%s (manage.py outbox_parked --redrive handles it again): %s: %s", path,
-        message.message_id, message.tenant_id, attempt, dead_letter_name(path),
-        type(exc).__name__, exc)
-    return {"outcome": "parked", "attempts": attempt, "error": f"{type(exc).__name__}: {exc}"}
+    error = f"{type(exc).__name__}: {exc}"
+    next_attempt = retry_or_park(
+        path, dead_letter_name(path), message, attempt, exc,
+        lambda number, pause: _enqueue_again(task, envelope, number, pause), using=using)
+    if next_attempt is None:
+        return {"outcome": "parked", "attempts": attempt, "error": error}
+    return {"outcome": "retried", "next_attempt": next_attempt, "error": error}
 
 
 def _enqueue_again(task: Any, envelope: Any, attempt: int, pause: float) -> None:
@@ -409,9 +336,6 @@ def _enqueue_again(task: Any, envelope: Any, attempt: int, pause: float) -> None
     if task.get_backend().supports_defer and pause > 0:
         again = task.using(run_after=timezone.now() + timedelta(seconds=pause))
     again.enqueue(envelope, attempt=attempt)
-
-
-# -- tasks of workers that died ---------------------------------------------------------
 
 
 def requeue_stalled(*, stalled_after: float | None = None) -> int:
@@ -455,9 +379,6 @@ def requeue_stalled(*, stalled_after: float | None = None) -> int:
         logger.warning("outbox: receiver task %s had no live worker; it is ready to run again",
                        task_id)
     return len(stalled)
-
-
-# -- re-driving --------------------------------------------------------------------------
 
 
 def redrive_handler(consumer: str) -> Callable[[Message], object] | None:

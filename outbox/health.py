@@ -1,24 +1,15 @@
 """Is the outbox moving? The answer liveness and readiness probes ask for.
 
-Unhealthy when a reader (a consumer partition or a relay) has a committed
-message older than ``OUTBOX["HEALTH_MAX_LAG"]`` that it has not passed —
-whatever holds it back: the reader is slow or stopped, its head message keeps
-failing, or an open transaction that published for the message's tenant holds
-that tenant back (each problem says which) — when a prepared (two-phase)
-transaction that published has held delivery back for longer than
-``HEALTH_MAX_LAG`` (nothing but ``COMMIT PREPARED`` or ``ROLLBACK PREPARED``
-ends it, whether or not a message waits for it yet), when a role's settings
-differ from what ``create_roles`` made (``TENANCY["ROLE_SETTINGS"]``) on a
-parameter delivery rests on (``synchronous_commit``, the timeouts that bound
-how long a publisher holds its tenants, read-only or isolation defaults:
-``tenancy.provision.GUARANTEED``), or when the relay
-(unless ``OUTBOX["TRANSPORT"]`` is None) holds no lease, or one that ran out
-more than :data:`MAX_LEASE_AGE` ago (``outbox_health --max-lease-age``): a
-running relay renews its lease every quarter of ``RELAY_LEASE`` even when
-idle, so a stale lease means no relay is running. Consumers hold no lease:
-a dead consumer shows as lag once a message waits for it. ``outbox_health``
-(the command) and :func:`outbox.health_view` (the view) both answer from
-:func:`check`, which judges what :func:`outbox.observe` reads.
+Unhealthy (each problem says why) when a reader has a committed message older
+than ``OUTBOX["HEALTH_MAX_LAG"]`` that it has not passed, whatever holds it
+back (a slow or stopped reader, a failing head message, an open transaction
+that published for its tenant); when a prepared transaction that published is
+older than that (nothing but ``COMMIT``/``ROLLBACK PREPARED`` ends it); when a
+role's settings drift from ``create_roles``'s on a parameter delivery rests on
+(``tenancy.provision.GUARANTEED``); or when no relay renews its lease (a
+running one does, every quarter of ``RELAY_LEASE``, even idle) within
+:data:`MAX_LEASE_AGE`. Consumers hold no lease: a dead one shows as lag.
+``outbox_health`` and :func:`outbox.health_view` both answer from :func:`check`.
 """
 
 from __future__ import annotations
@@ -38,6 +29,7 @@ from tenancy.provision import role_drift
 #: running (``outbox_health --max-lease-age``): a running relay renews it every
 #: quarter of ``RELAY_LEASE``, idle or not, so ten seconds is a stopped relay.
 MAX_LEASE_AGE = 10.0
+
 
 @dataclass(frozen=True)
 class Health:
@@ -85,11 +77,8 @@ def check(
         if outbox_settings.TRANSPORT is not None if relay is None else relay:
             wanted.extend(relay_readers(r.name for r in seen.readers))
     rows = [r for r in seen.readers if r.name in wanted]
-    problems: list[str] = []
     present = {r.name for r in rows}
-    for name in wanted:
-        if name not in present:
-            problems.append(f"{name}: has never run (no offset row)")
+    problems = [f"{name}: has never run (no offset row)" for name in wanted if name not in present]
     for r in rows:
         if r.lag is not None and r.lag.total_seconds() > lag_limit:
             problems.append(

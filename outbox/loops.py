@@ -1,11 +1,7 @@
-"""Long-running loops that outlive database restarts and stop on SIGTERM.
-
-The relay and the consumers are steps (one batch each) driven by
-:func:`run_loop`. Before each step the loop drops connections that are broken
-or past ``CONN_MAX_AGE`` (``close_old_connections``, as django-celery-beat
-does); a database error is logged and retried after a growing pause instead
-of ending the process. SIGTERM and SIGINT set a flag that is checked between
-steps, so a batch in flight finishes (or rolls back) before the process exits.
+"""Long-running loops (the relay, the consumers, the commands' ``--every``) that outlive
+database restarts and stop on SIGTERM, as django-celery-beat's do: connections broken or
+past ``CONN_MAX_AGE`` are dropped before each step, a lost database is logged and retried
+after a growing pause, and SIGTERM or SIGINT stops the loop between two steps.
 """
 
 from __future__ import annotations
@@ -54,8 +50,9 @@ def stop_on_signals(stop: threading.Event) -> Iterator[threading.Event]:
             signal.signal(sig, old)
 
 
-def _close_all() -> None:
-    for conn in connections.all(initialized_only=True):
+def close_connections(*aliases: str) -> None:
+    """Close this thread's connections to ``aliases`` (every one it has when none given)."""
+    for conn in [connections[a] for a in aliases] or connections.all(initialized_only=True):
         try:
             conn.close()
         except Exception:  # already broken: nothing left to close
@@ -69,6 +66,7 @@ def run_loop(
     stop: threading.Event,
     wake_up: threading.Event | None = None,
     once: bool = False,
+    idle: float | None = None,
 ) -> None:
     """Call ``step`` until ``stop`` is set.
 
@@ -82,6 +80,7 @@ def run_loop(
             :data:`outbox.publishing.wake_up` after each commit).
         once: return after the first idle step (used by ``--once`` and tasks);
             a database error then propagates instead of being retried.
+        idle: seconds to sleep when idle, unless woken (``POLL_INTERVAL`` when None).
     """
     failures = 0
     while not stop.is_set():
@@ -97,7 +96,7 @@ def run_loop(
                 "outbox: %s lost the database (%s); retrying in %.1f s",
                 name, str(exc).strip().splitlines()[0] if str(exc).strip() else exc, pause,
             )
-            _close_all()
+            close_connections()
             stop.wait(pause)
             continue
         if failures:
@@ -107,8 +106,9 @@ def run_loop(
             continue
         if once:
             return
+        pause = outbox_settings.POLL_INTERVAL if idle is None else idle
         if wake_up is not None:
-            wake_up.wait(outbox_settings.POLL_INTERVAL)
+            wake_up.wait(pause)
             wake_up.clear()
         else:
-            stop.wait(outbox_settings.POLL_INTERVAL)
+            stop.wait(pause)

@@ -1,13 +1,8 @@
 """What the outbox counts, and the gauges it reads from the database when Prometheus scrapes.
 
-Declared here, served by :mod:`django_idempotency_outbox.metrics` (the
-``[metrics]`` extra). The counters (messages published, relayed, consumed,
-parked) cost one settings lookup each when metrics are off or
-``prometheus_client`` is not installed. The gauges that need SQL (reader
-lag, the transactions holding delivery back, parked messages) are kept up
-to date by nobody: :class:`OutboxCollector` reads them at scrape time from
-:func:`outbox.observe`, through ``TENANCY["ADMIN_DATABASE"]`` (the system
-alias unless set).
+Served by :mod:`django_idempotency_outbox.metrics` (the ``[metrics]`` extra). A
+counter costs one settings lookup when metrics are off; the gauges that need SQL
+are read at scrape time (:class:`OutboxCollector`), never kept up to date.
 """
 
 from __future__ import annotations
@@ -119,7 +114,10 @@ class OutboxCollector:
         from outbox.observation import observe
         from tenancy.aliases import admin_alias
 
-        ok = GaugeMetricFamily("dio_outbox_scrape_ok", "1 when the outbox gauges were read.")
+        def gauge(name: str, documentation: str, *labels: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, documentation, labels=list(labels))
+
+        ok = gauge("dio_outbox_scrape_ok", "1 when the outbox gauges were read.")
         try:
             alias = admin_alias()
             try:
@@ -134,52 +132,34 @@ class OutboxCollector:
             return
         ok.add_metric([], 1)
         yield ok
-        behind = GaugeMetricFamily(
-            "dio_outbox_lag_messages",
-            "Committed messages a reader has not passed yet (held back or not).",
-            labels=["reader", "partition"])
-        lag = GaugeMetricFamily(
-            "dio_outbox_lag_seconds",
-            "Age of the first committed message a reader has not passed (0: none).",
-            labels=["reader", "partition"])
-        lease = GaugeMetricFamily(
-            "dio_outbox_relay_lease_seconds",
-            "Seconds left on a relay's lease; negative once it has run out (a relay died).",
-            labels=["relay"])
+        behind = gauge("dio_outbox_lag_messages", "Committed messages a reader has not passed "
+                       "yet (held back or not).", "reader", "partition")
+        lag = gauge("dio_outbox_lag_seconds", "Age of the first committed message a reader has "
+                    "not passed (0: none).", "reader", "partition")
+        lease = gauge("dio_outbox_relay_lease_seconds", "Seconds left on a relay's lease; "
+                      "negative once it has run out (a relay died).", "relay")
         for r in seen.readers:
             labels = [r.name, str(r.partition)]
             behind.add_metric(labels, r.behind)
             lag.add_metric(labels, r.lag.total_seconds() if r.lag else 0.0)
             if r.is_relay and r.lease_left is not None:
                 lease.add_metric([r.name.removeprefix("relay:")], r.lease_left)
-        yield behind
-        yield lag
-        yield lease
-        held = GaugeMetricFamily(
-            "dio_outbox_held_back_messages",
-            "Committed messages waiting for an open transaction that published for their "
-            "tenant to end.")
+        held = gauge("dio_outbox_held_back_messages", "Committed messages waiting for an open "
+                     "transaction that published for their tenant to end.")
         held.add_metric([], seen.held_back)
-        yield held
-        blockers = GaugeMetricFamily(
-            "dio_outbox_blockers",
-            "Open transactions that published; each holds back its own tenants' later "
-            "messages (needs no privilege).")
+        blockers = gauge("dio_outbox_blockers", "Open transactions that published; each holds "
+                         "back its own tenants' later messages (needs no privilege).")
         blockers.add_metric([], len(seen.publishers))
-        yield blockers
-        age = GaugeMetricFamily(
-            "dio_outbox_blocker_age_seconds",
-            "Age of the oldest open transaction that published (0: none; NaN: one is open "
-            "but its start is hidden, GRANT pg_read_all_stats to the admin alias's role).")
+        age = gauge("dio_outbox_blocker_age_seconds", "Age of the oldest open transaction that "
+                    "published (0: none; NaN: one is open but its start is hidden, GRANT "
+                    "pg_read_all_stats to the admin alias's role).")
         ages = [p.age.total_seconds() for p in seen.publishers if p.age is not None]
         unseen = [p for p in seen.publishers if p.age is None and p.pid is not None]
         age.add_metric([], float("nan") if unseen and not ages else max(ages, default=0.0))
         if unseen:
             _hint_once(alias)
-        yield age
-        parked_now = GaugeMetricFamily(
-            "dio_outbox_parked_messages", "Messages in the dead-letter table, by consumer.",
-            labels=["consumer"])
+        parked_now = gauge("dio_outbox_parked_messages", "Messages in the dead-letter table, by "
+                           "consumer.", "consumer")
         for name, count in sorted(seen.parked.items()):
             parked_now.add_metric([name], count)
-        yield parked_now
+        yield from (behind, lag, lease, held, blockers, age, parked_now)

@@ -1,12 +1,7 @@
-"""The outbox's tables.
-
-Rows of ``outbox_messages`` are written by :func:`outbox.publish` with one SQL
-statement and read by the relay and the consumers with SQL of their own; the
-models are for reading, the admin and the tests. The parts Django cannot
-express (the trigger that gives each message its id and marks its
-transaction as a publisher in flight, the ``xid8`` default, the SQL functions
-of the fence, the delivery index and the row-level security policies) are in
-``outbox/sql/``.
+"""The outbox's tables. The statements the library sends are in ``outbox/queries.sql``;
+the models are for the ORM's reads, the admin and the tests. What Django cannot express
+(the trigger that gives ids and marks publishers, the ``xid8`` default, the fence's
+functions, the delivery index, the row-level security policies) is in ``outbox/sql/``.
 """
 
 from __future__ import annotations
@@ -18,27 +13,14 @@ from django.db.models.functions import Now
 
 from tenancy.privileges import APP, DML, SYSTEM, WORKER, TablePrivileges
 
-#: Each role's privileges on the outbox's tables (tenancy.privileges collects
-#: them: the grants of migrate, check tenancy.E017/E018, docs/roles.md).
-#:
-#: - app (the web process, receivers): publishes (the outbox is append-only),
-#:   parks and re-drives as its tenant, remembers received messages; nothing
-#:   on the shared delivery state (offsets, leases) nor on the consumers'
-#:   failures.
-#: - worker (consumers, relays): the only role that may lock (``FOR UPDATE``
-#:   needs UPDATE), advance and lease offsets; handlers publish and park, as
-#:   their message's tenant.
-#: - system (cross-tenant reads and upkeep): reads the stream, offsets,
-#:   failures and dead letters; deletes what retention deletes; writes the
-#:   re-drive and discard jobs people ask for (the jobs act on dead letters
-#:   as each message's tenant, on the app role).
-#:
-#: The fence's key (the proofs that a transaction published, docs/guarantees.md)
-#: is no role's but the owner's. django-tasks-db's queue is the worker role's
-#: alone: the relay enqueues every tenant's envelopes into it (no tenant column,
-#: no row-level security) and its worker claims them, both on the worker alias
-#: (docs/django-tasks.md). A table that does not exist (no django-tasks-db) is
-#: left out.
+#: Each role's privileges on the outbox's tables (tenancy.privileges collects them for
+#: migrate's grants and tenancy.E017/E018; docs/roles.md). The app role publishes
+#: (append-only), parks, re-drives and receives as its tenant, and has nothing on the
+#: shared delivery state; the worker alone locks (``FOR UPDATE`` needs UPDATE), advances
+#: and leases offsets; the system role reads across tenants, deletes what retention
+#: deletes and keeps the re-drive jobs (which act as each tenant, on the app role). The
+#: fence's key is the owner's alone. django-tasks-db's queue (every tenant's envelopes,
+#: no row-level security) is the worker's alone; left out when it does not exist.
 TABLE_PRIVILEGES: TablePrivileges = {
     "outbox_messages": {
         APP: ("SELECT", "INSERT"),
@@ -70,17 +52,29 @@ class XID8Field(models.Field):  # type: ignore[type-arg]
         return None if value is None else str(int(value))
 
 
-class OutboxMessage(models.Model):
-    """One event, written in the same transaction as the change it announces.
+class MessageColumns(models.Model):
+    """What a message says, declared once for the outbox and its dead letters."""
 
-    Append-only: the app role may insert and read (its own tenant's rows), never
-    update or delete. ``id`` is given by the database (a trigger; an insert that
-    names one is refused), which first marks the writing transaction as a
-    publisher in flight for the row's tenant until it ends; readers follow ids
-    in order and, of each tenant, read only below the lowest id such a
-    publisher may still commit, so a message committed late is never skipped
-    (see docs/guarantees.md). ``xid`` is the writing transaction's id, kept for
-    people (it orders nothing).
+    topic = models.CharField(max_length=200)
+    # NULL, not "": no key means no ordering promise (and partitions spread
+    # such messages by message id), which an empty string would blur.
+    key = models.CharField(max_length=200, null=True)  # noqa: DJ001
+    aggregate_type = models.CharField(max_length=200, null=True)  # noqa: DJ001
+    aggregate_id = models.CharField(max_length=200, null=True)  # noqa: DJ001
+    payload = models.JSONField()
+    headers = models.JSONField(default=dict)
+
+    class Meta:
+        abstract = True
+
+
+class OutboxMessage(MessageColumns):
+    """One event, written in the same transaction as the change it announces; append-only.
+
+    ``id`` is given by a trigger (an insert that names one is refused), which
+    first marks the transaction as a publisher in flight for the row's tenant,
+    so readers never skip a message committed late (docs/guarantees.md).
+    ``xid`` is the writing transaction's id, for people (it orders nothing).
     """
 
     tenant_isolated = True
@@ -90,14 +84,6 @@ class OutboxMessage(models.Model):
     id = models.BigIntegerField()
     xid = XID8Field()
     message_id = models.UUIDField()
-    topic = models.CharField(max_length=200)
-    # NULL, not "": no key means no ordering promise (and partitions spread
-    # such messages by message id), which an empty string would blur.
-    key = models.CharField(max_length=200, null=True)  # noqa: DJ001
-    aggregate_type = models.CharField(max_length=200, null=True)  # noqa: DJ001
-    aggregate_id = models.CharField(max_length=200, null=True)  # noqa: DJ001
-    payload = models.JSONField()
-    headers = models.JSONField(default=dict)
     created_at = models.DateTimeField(db_default=Now())
 
     class Meta:
@@ -107,22 +93,9 @@ class OutboxMessage(models.Model):
         return f"{self.tenant_id}/{self.id} {self.topic} ({self.message_id})"
 
 
-class ConsumerOffset(models.Model):
-    """How far one reader (a consumer partition, or a relay) has read.
+class OffsetColumns(models.Model):
+    """The columns of ``consumer_offsets`` that people read, for its two models."""
 
-    Global, not per tenant: a reader follows the one stream of all tenants.
-    The position is ``last_id``, the id of the last message passed, for every
-    tenant but those in ``held`` (tenant id -> the last id passed of that
-    tenant, while a publisher of it was in flight; :class:`outbox.stream.Position`).
-    ``attempts``
-    and ``retry_at`` count and pace the failures of the message at the head of
-    this partition; what failed, and how, is tenant data and is kept in
-    :class:`ConsumerFailure`, under row-level security. ``lease_owner`` and
-    ``lease_until`` are used by relays only. Only the worker role may write
-    these rows, and the app role has no privilege on them (docs/roles.md).
-    """
-
-    pk = models.CompositePrimaryKey("name", "partition")
     name = models.CharField(max_length=200)
     partition = models.IntegerField(default=0)
     partition_count = models.IntegerField(default=1)
@@ -130,18 +103,47 @@ class ConsumerOffset(models.Model):
     held = models.JSONField(default=dict)
     last_processed_at = models.DateTimeField(null=True)
     attempts = models.IntegerField(default=0)
-    retry_at = models.DateTimeField(null=True)
     lease_owner = models.CharField(max_length=200, blank=True, default="")
     lease_until = models.DateTimeField(null=True)
 
     class Meta:
-        db_table = "consumer_offsets"
+        abstract = True
 
     def __str__(self) -> str:
         return f"{self.name}[{self.partition}] at {self.last_id}"
 
 
-class ConsumerFailure(models.Model):
+class ConsumerOffset(OffsetColumns):
+    """How far one reader (a consumer partition, or a relay) has read the one stream of all
+    tenants: ``last_id`` and ``held`` (:class:`outbox.stream.Position`).
+
+    ``attempts`` and ``retry_at`` count and pace the failures of the message at
+    the partition's head; what failed is tenant data, kept in
+    :class:`ConsumerFailure` under row-level security. The lease is relays' only.
+    """
+
+    pk = models.CompositePrimaryKey("name", "partition")
+    retry_at = models.DateTimeField(null=True)
+
+    class Meta:
+        db_table = "consumer_offsets"
+
+
+class FailureColumns(models.Model):
+    """Which message of whose a consumer (or receiver) failed on, how often, and why."""
+
+    tenant_id = models.BigIntegerField()
+    consumer = models.CharField(max_length=200)
+    message_pk = models.BigIntegerField()
+    message_id = models.UUIDField()
+    attempts = models.IntegerField()
+    error = models.TextField()
+
+    class Meta:
+        abstract = True
+
+
+class ConsumerFailure(FailureColumns):
     """Why a consumer partition is stuck before a message: its tenant's row, under RLS.
 
     Written by the consumer's batch (on the worker alias, as the message's
@@ -152,13 +154,7 @@ class ConsumerFailure(models.Model):
     tenant_isolated = True
 
     pk = models.CompositePrimaryKey("tenant_id", "consumer", "partition")
-    tenant_id = models.BigIntegerField()
-    consumer = models.CharField(max_length=200)
     partition = models.IntegerField()
-    message_pk = models.BigIntegerField()
-    message_id = models.UUIDField()
-    attempts = models.IntegerField()
-    error = models.TextField()
     failed_at = models.DateTimeField(db_default=Now())
 
     class Meta:
@@ -168,28 +164,11 @@ class ConsumerFailure(models.Model):
         return f"{self.consumer}[{self.partition}]: {self.tenant_id}/{self.message_pk}"
 
 
-class DeadLetterColumns(models.Model):
-    """The columns of ``outbox_dead_letters``, declared once for its two models.
+class DeadLetterColumns(MessageColumns, FailureColumns):
+    """The columns of ``outbox_dead_letters``, for :class:`DeadLetter` (the table, its
+    composite primary key) and :class:`ParkedMessageRecord` (the admin's view of it)."""
 
-    :class:`DeadLetter` (the table, its composite primary key) and
-    :class:`ParkedMessageRecord` (the admin's view of it) both inherit them.
-    """
-
-    tenant_id = models.BigIntegerField()
-    consumer = models.CharField(max_length=200)
-    message_pk = models.BigIntegerField()
-    message_id = models.UUIDField()
-    topic = models.CharField(max_length=200)
-    # NULL, not "": no key means no ordering promise (and partitions spread
-    # such messages by message id), which an empty string would blur.
-    key = models.CharField(max_length=200, null=True)  # noqa: DJ001
-    aggregate_type = models.CharField(max_length=200, null=True)  # noqa: DJ001
-    aggregate_id = models.CharField(max_length=200, null=True)  # noqa: DJ001
-    payload = models.JSONField()
-    headers = models.JSONField(default=dict)
     message_created_at = models.DateTimeField()
-    attempts = models.IntegerField()
-    error = models.TextField()
     #: When it was parked: the consumer's (or receiver's) last attempt. A
     #: re-drive that fails again does not move it (see ``redrive_failed_at``).
     parked_at = models.DateTimeField(db_default=Now())
@@ -261,16 +240,10 @@ class ParkedMessageRecord(DeadLetterColumns):
 
 
 class ParkedJob(models.Model):
-    """A re-drive or discard of the parked messages a filter matches, done in the background.
-
-    Written by the admin's actions and ``outbox_parked --redrive/--discard
-    --background`` (on the system alias), worked by ``outbox_parked --work``
-    or the ``outbox.work_parked_jobs`` task (:mod:`outbox.deadletters`): in
-    batches along ``(tenant_id, id)``, each batch's end written here, so a
-    worker that dies is followed, once its lease runs out, by another that
-    goes on from ``after_tenant_id``/``after_id``. Rows above ``upto_id`` (parked
-    after the job was asked for) are left alone. Not tenant data: it names
-    tenants, it holds none of their rows.
+    """A re-drive or discard of the parked messages a filter matches, done in the background
+    (:mod:`outbox.deadletters`), from ``after_tenant_id``/``after_id`` on, up to ``upto_id``
+    (rows parked later are left alone). Not tenant data: it names tenants, holds none of
+    their rows.
     """
 
     class Action(models.TextChoices):
@@ -319,7 +292,7 @@ class ParkedJob(models.Model):
         return f"job {self.id}: {self.get_action_display()} ({self.state})"
 
 
-class ReaderPositionRecord(models.Model):
+class ReaderPositionRecord(OffsetColumns):
     """The readers' offset rows as the admin lists them (read-only).
 
     Unmanaged, with ``name`` standing in as the primary key for the admin
@@ -327,20 +300,9 @@ class ReaderPositionRecord(models.Model):
     """
 
     name = models.CharField(max_length=200, primary_key=True)
-    partition = models.IntegerField()
-    partition_count = models.IntegerField()
-    last_id = models.BigIntegerField()
-    held = models.JSONField()
-    last_processed_at = models.DateTimeField(null=True)
-    attempts = models.IntegerField()
-    lease_owner = models.CharField(max_length=200)
-    lease_until = models.DateTimeField(null=True)
 
     class Meta:
         managed = False
         db_table = "consumer_offsets"
         verbose_name = "reader position"
         ordering = ["name", "partition"]
-
-    def __str__(self) -> str:
-        return f"{self.name}[{self.partition}] at {self.last_id}"

@@ -1,17 +1,13 @@
-"""What the outbox looks like now: one read, for ``outbox_status``, health, metrics and the admin.
-
-:func:`observe` reads, on the system alias, every reader's position and what
-it has not passed, the publishing transactions still in flight (what holds
-some tenant's delivery back, and who they are) and the parked messages.
-``outbox_status`` prints it, :func:`outbox.health.check` judges it, the
-metrics collector exports it and the admin lists it: one query per fact, one
-meaning everywhere.
+"""What the outbox looks like now: one read (:func:`observe`, on the system alias) for
+``outbox_status``, health, metrics and the admin: one query per fact, one meaning everywhere.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
+
+from django.db.models import Count
 
 from outbox import store
 from outbox.store import SQL, Publisher, ReaderState
@@ -106,9 +102,12 @@ def observe(using: str | None = None, *, count_messages: bool = False) -> Observ
     readers = store.reader_states(alias)
     publishers = store.publishers_in_flight(alias)
     held_back = store.count_waiting(alias, publishers)
-    parked = store.parked_counts(alias)
-    total = store.count_messages(alias) if count_messages else None
-    return Observation(allocated, readers, publishers, held_back, parked, total)
+    from outbox.models import DeadLetter, OutboxMessage
+
+    parked = DeadLetter.objects.using(alias).values_list("consumer").annotate(n=Count("*"))
+    total = OutboxMessage.objects.using(alias).count() if count_messages else None
+    return Observation(allocated, readers, publishers, held_back, dict(parked.order_by()),
+                       total)
 
 
 def status(using: str | None = None) -> Observation:

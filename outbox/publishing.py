@@ -90,29 +90,15 @@ def publish(
             raise ValueError(f"outbox.publish(): {name} is longer than 200 characters")
     message_id = message_id or uuid.uuid4()
     aggregate = None if aggregate_id is None else str(aggregate_id)
-    store.insert_message(
-        alias,
-        tenant_id=tenant_id,
-        message_id=message_id,
-        topic=topic,
-        key=key,
-        aggregate_type=aggregate_type,
-        aggregate_id=aggregate,
-        payload=payload,
-        # Signed here when Debezium carries the messages (no relay signs them).
-        headers=debezium.signed_headers(
-            message_id=message_id, tenant_id=tenant_id, topic=topic, key=key,
-            aggregate_type=aggregate_type, aggregate_id=aggregate, payload=payload,
-            headers=tracing.inject(dict(headers or {})),
-        ),
-    )
+    fields = {"tenant_id": tenant_id, "message_id": message_id, "topic": topic, "key": key,
+              "aggregate_type": aggregate_type, "aggregate_id": aggregate, "payload": payload}
+    # Signed here when Debezium carries the messages (no relay signs them).
+    signed = debezium.signed_headers(**fields, headers=tracing.inject(dict(headers or {})))
+    store.insert_message(alias, **fields, headers=signed)
     _kick_after_commit(connection, alias)
     if metrics.instruments() is not None:
         # Counted when it commits: a rolled-back savepoint drops the hook.
-        def _count_published() -> None:
-            metrics.published(topic)
-
-        transaction.on_commit(_count_published, using=alias)
+        transaction.on_commit(lambda: metrics.published(topic), using=alias)
     return message_id
 
 

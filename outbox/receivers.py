@@ -1,19 +1,12 @@
 """Receiving relayed messages, each message's effect once, whatever runs the receiver.
 
-The relay delivers at least once, so a task may receive a message twice. The
-receiver records the message id in ``outbox_received`` in the same
-transaction as the task's own writes: a duplicate finds the id already there
-and is skipped, and a task that fails rolls the record back with its writes.
-Concurrent duplicates wait on the primary key and the second one is skipped
-when the first commits.
-
-With ``OUTBOX["SIGNING_KEYS"]`` set, an envelope whose signature does not
-verify is refused before anything else (:mod:`outbox.signing`).
-
-A receiver that fails is retried with a growing pause (:func:`retry_pause`)
-and parked in the dead-letter table when its attempts run out (:func:`park`):
-Celery's receivers are tasks built with :func:`outbox.celery.receiver`
-(``outbox.receiver``), Django's with :func:`outbox.django_tasks.receiver_task`.
+The relay delivers at least once, so a receiver records each message id in
+``outbox_received`` in the transaction of its own writes: a duplicate finds
+the id there and is skipped (a concurrent one waits on the primary key), and
+a failure rolls the record back with the writes. An envelope whose signature
+does not verify is refused first (:mod:`outbox.signing`). A failing receiver
+task is retried, then parked (:func:`retry_or_park`): Celery's are built with
+:func:`outbox.celery.receiver`, Django's with :func:`outbox.django_tasks.receiver_task`.
 """
 
 from __future__ import annotations
@@ -90,9 +83,6 @@ def receive(
     return True, result
 
 
-# -- what a worker does when a receiver fails (Celery's and Django tasks' alike) ----
-
-
 #: The pause before a receiver's second attempt, in seconds; doubled for each
 #: further one, up to ``OUTBOX["RECEIVER_RETRY_BACKOFF_MAX"]``.
 RETRY_BACKOFF = 1.0
@@ -102,6 +92,41 @@ def retry_pause(attempt: int) -> float:
     """Seconds before attempt ``attempt + 1``: :data:`RETRY_BACKOFF` doubled per attempt,
     up to ``RECEIVER_RETRY_BACKOFF_MAX``."""
     return backoff(attempt, RETRY_BACKOFF, outbox_settings.RECEIVER_RETRY_BACKOFF_MAX)
+
+
+def retry_or_park(task: str, dead_letter: str, message: Message, attempt: int, exc: Exception,
+                  retry: Callable[[int, float], object], *, using: str | None) -> int | None:
+    """What a worker does when receiver ``task`` failed on ``message``: Celery's and Django's.
+
+    While attempts remain, ``retry(next attempt, pause)`` after :func:`retry_pause`;
+    then the message is parked as ``dead_letter``. If even that fails (the database
+    is still down), ``retry`` again after the longest pause: a message is never
+    settled without its effect or its dead letter. Each step is logged.
+
+    Returns:
+        The attempt ``retry`` was asked for, or None once the message is parked.
+    """
+    limit = outbox_settings.RECEIVER_MAX_ATTEMPTS
+    where = f"message {message.message_id} of tenant {message.tenant_id}"
+    if attempt < limit:
+        pause = retry_pause(attempt)
+        logger.warning("outbox: task %s failed on %s (attempt %d of %d): %s: %s; retrying in "
+                       "%.1f s", task, where, attempt, limit, type(exc).__name__, exc, pause)
+        retry(attempt + 1, pause)
+        return attempt + 1
+    try:
+        park(dead_letter, message, attempt, exc, using=using)
+    except Exception as parking:
+        pause = outbox_settings.RECEIVER_RETRY_BACKOFF_MAX
+        logger.error("outbox: task %s could not park %s after %d attempts (%s: %s); trying it "
+                     "again in %.1f s", task, where, attempt, type(parking).__name__, parking,
+                     pause)
+        retry(attempt, pause)
+        return attempt
+    logger.error("outbox: task %s gave up on %s after %d attempts and parked it as %s (manage.py "
+                 "outbox_parked --redrive handles it again): %s: %s", task, where, attempt,
+                 dead_letter, type(exc).__name__, exc)
+    return None
 
 
 def park(consumer: str, message: Message, attempts: int, exc: BaseException,
@@ -116,6 +141,9 @@ def park(consumer: str, message: Message, attempts: int, exc: BaseException,
         message = replace(message, created_at=timezone.now())
     error = "".join(traceback.format_exception(exc)).strip()
     with tenant_context(message.tenant_id, using=alias):
-        if not store.is_parked(alias, consumer, message.message_id):
+        from outbox.models import DeadLetter
+
+        if not DeadLetter.objects.using(alias).filter(consumer=consumer,
+                                                      message_id=message.message_id).exists():
             store.park(alias, consumer, message, attempts, error)
             transaction.on_commit(lambda: metrics.parked(consumer), using=alias)

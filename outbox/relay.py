@@ -1,49 +1,23 @@
-"""The relay: from ``outbox_messages`` to a broker, at least once.
+"""The relay: from ``outbox_messages`` to a broker, at least once (docs/outbox.md, "The relay").
 
-A relay reads the stream on the system alias and keeps its offset row (lease,
-heartbeat, advance) on the worker alias, like a consumer, with one
-difference: its effect (publishing to a broker) is outside the database, so it
-cannot share a transaction with the offset. Each round therefore is::
+It reads the stream on the system alias and keeps its offset row on the worker
+alias. Its effect is outside the database, so it cannot share a transaction
+with the offset; each round is::
 
-    1. claim the lease on the offset row           (one UPDATE, committed; only
-                                                    when the lease is not held:
-                                                    then the position known
-                                                    here is current)
-    2. read the next batch after the position      (one SELECT)
-    3. send the batch to the broker                (no transaction open)
-    4. advance the offset, compare-and-set on the old position and the lease
+    1. claim the lease on the offset row      (an UPDATE, committed; only when not
+                                               held: then the position here is current)
+    2. read the next batch after the position (a SELECT; for a full batch, the one
+                                               after is read meanwhile: _ReadAhead)
+    3. sign it (SIGNING_KEYS) and send it     (no transaction open)
+    4. advance the offset: compare-and-set on the old position and the lease
 
-While 3 and 4 run for a full batch, a thread of the relay's own reads the
-batch after it (:class:`_ReadAhead`): the database and the broker work at
-the same time. A read only looks: it takes the position it would have had
-anyway, and is used only if the round ends at that position with the lease
-still held; otherwise it is dropped and the next round reads again.
-
-With ``OUTBOX["SIGNING_KEYS"]`` set, each message is signed between 2 and 3
-(:mod:`outbox.signing`), whichever way its envelope is built.
-
-A crash between 3 and 4 sends the batch again on restart (at-least-once);
-receivers drop the duplicates by message id. If the broker fails, the offset
-stays put and the batch is retried after a growing pause: nothing is skipped.
-
-Several relays may run (on several hosts); the lease lets one of them work at
-a time. It is short (``RELAY_LEASE``, 1 s) and renewed by a heartbeat thread
-on a connection of its own, every quarter of its length, whatever the batch
-in flight is doing: a relay whose broker call takes minutes keeps its lease,
-and one that dies (SIGKILL, a lost host) stops renewing, so a waiting relay
-takes over within the lease. The lease lives in a row and each renewal is a
-statement of its own, so relays work through pgbouncer in transaction mode
-(a session advisory lock would not: it stays on the pooled server connection).
-The lease decides who works, never what is delivered: the compare-and-set in
-4 keeps a relay that lost its lease (its heartbeat could not reach the
-database) from moving the offset under the one that took over.
-
-:func:`rewind` sets a relay's position back (a broker lost messages) and drops
-its lease. The working relay remembers its position only while its lease is
-its own: its heartbeat's next renewal finds the lease gone, and its next round
-claims the lease again, which returns the rewound position. A round that was
-already under way when the rewind committed cannot advance: its
-compare-and-set on the old position and the lease fails.
+A crash between 3 and 4 sends the batch again (receivers drop duplicates by
+message id); a broker error keeps the offset and retries after a growing pause.
+The lease lets one relay of many work; a heartbeat thread renews it. It lives
+in a row, each renewal a statement of its own, so relays work through
+pgbouncer in transaction mode (a session advisory lock would stay on the
+pooled connection). It decides who works, never what is delivered: the
+compare-and-set keeps a relay that lost it from moving the offset.
 """
 
 from __future__ import annotations
@@ -58,7 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import close_old_connections, connections
+from django.db import close_old_connections
 
 from django_idempotency_outbox import tracing
 from django_idempotency_outbox.durations import backoff
@@ -66,12 +40,12 @@ from outbox import metrics, signing, store
 from outbox.conf import outbox_settings
 from outbox.consumers import require_cross_tenant_reader
 from outbox.exceptions import RewindRefused
-from outbox.loops import DATABASE_ERRORS, run_loop, stop_on_signals
+from outbox.loops import DATABASE_ERRORS, close_connections, run_loop, stop_on_signals
 from outbox.publishing import wake_up
 from outbox.stream import Batch, Envelope, Message, Position
 from outbox.transports import Transport, get_transport
 from tenancy.aliases import system_alias, worker_alias
-from tenancy.leases import owner_id
+from tenancy.leases import Lease, owner_id
 
 logger = logging.getLogger("outbox")
 
@@ -88,28 +62,20 @@ BROKER_BACKOFF_MAX = 30.0
 
 
 def relay_readers(names: Iterable[str]) -> list[str]:
-    """The relays' offset rows among reader ``names``; ``relay:default`` when there are none.
-
-    What retention waits for and health checks: every relay that has run,
-    whatever its name, or the default one when none has yet (it will start
-    from the beginning of the outbox).
-    """
+    """What retention waits for and health checks: the relays among reader ``names`` (every
+    relay that has run, whatever its name), or ``relay:default`` when none has yet."""
     found = sorted({name for name in names if name.startswith("relay:")})
     return found or [f"relay:{DEFAULT_NAME}"]
 
 
 class _Heartbeat:
-    """Renews a relay's lease every quarter of its length, on a connection of its own.
+    """Renews a relay's lease every quarter of its length, in a thread (so on a connection)
+    of its own, from the claim until :meth:`stop`.
 
-    Runs in a daemon thread (Django gives each thread its own connection)
-    from the moment the lease is claimed until :meth:`stop`. When a renewal
-    finds the lease no longer this relay's (another relay took it over, or
-    :func:`rewind` dropped it), it sets :attr:`lost` and ends, and the relay
-    reads its position again before its next round: it never renews a lease,
-    and so never keeps a remembered position, that the row no longer backs. A
-    database error is logged and the next beat tries again on a new
-    connection; if none succeeds within the lease, another relay may take
-    over, and the compare-and-set on the offset keeps this one from moving it.
+    A renewal that finds the lease another's (taken over, or dropped by
+    :func:`rewind`) sets :attr:`lost` and ends: the relay reads its position
+    again rather than keep one the row no longer backs. A database error is
+    logged and the next beat tries on a new connection.
     """
 
     def __init__(self, relay: Relay, lease: float) -> None:
@@ -132,7 +98,7 @@ class _Heartbeat:
                     first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                     logger.warning("outbox: relay %s could not renew its lease (%s)",
                                    relay.name, first_line)
-                    _close(relay.lease_alias)
+                    close_connections(relay.lease_alias)
                     continue
                 if not renewed:
                     logger.warning(
@@ -142,7 +108,7 @@ class _Heartbeat:
                     self.lost.set()
                     return
         finally:
-            _close(relay.lease_alias)
+            close_connections(relay.lease_alias)
 
     def stop(self) -> None:
         self._done.set()
@@ -152,11 +118,9 @@ class _Heartbeat:
 class _ReadAhead:
     """Reads the relay's next batch on a thread of its own while the current one is sent.
 
-    The read after a position does not depend on anything the send or the
-    advance of the batch before it does: it is the read the next round would
-    make, made earlier (the fence makes any read gap-safe, whenever it runs:
-    :func:`outbox.store.read_batch`). The thread keeps its own connection to
-    the system alias, closed by :meth:`close`.
+    It is the read the next round would make, made earlier (the fence makes any
+    read gap-safe, whenever it runs), used only by a round that starts where it
+    was read from. The thread's connection is closed by :meth:`close`.
     """
 
     def __init__(self, relay: Relay) -> None:
@@ -193,7 +157,7 @@ class _ReadAhead:
     def close(self) -> None:
         """Stop the thread, closing its connection."""
         if self._pool is not None:
-            self._pool.submit(_close, self._relay.alias).result()
+            self._pool.submit(close_connections, self._relay.alias).result()
             self._pool.shutdown(wait=True)
             self._pool = None
         self.drop()
@@ -202,14 +166,6 @@ class _ReadAhead:
         relay = self._relay
         close_old_connections()  # this thread's connection, as run_loop does for the relay's
         return relay._read(position)
-
-
-def _close(alias: str) -> None:
-    """Close this thread's connection to ``alias`` (broken ones included)."""
-    try:
-        connections[alias].close()
-    except Exception:  # already broken: nothing left to close
-        pass
 
 
 @contextmanager
@@ -260,7 +216,9 @@ class Relay:
         self.batch_size = batch_size or BATCH_SIZE
         self.alias = system_alias()  # reads the stream across tenants
         self.lease_alias = worker_alias()  # the offset row: lease, heartbeat, advance
-        self.lease = store.relay_lease(self.lease_alias, self.offset_name, owner_id())
+        # On its offset row: a claim returns its position (last_id, held); the advance
+        # compares the owner (store.advance_leased).
+        self.lease = Lease("outbox", self.offset_name, self.lease_alias, owner_id())
         self.owner = self.lease.owner
         self.stop = threading.Event()
         self.sent = 0
@@ -345,11 +303,7 @@ class Relay:
         except Exception as exc:
             self._position = None  # re-read the offset and renew the lease next time
             self._broker_failures += 1
-            pause = backoff(
-                self._broker_failures,
-                BROKER_BACKOFF,
-                BROKER_BACKOFF_MAX,
-            )
+            pause = backoff(self._broker_failures, BROKER_BACKOFF, BROKER_BACKOFF_MAX)
             logger.warning(
                 "outbox: relay %s could not send %d message(s) (%s: %s); "
                 "sending them again in %.1f s",
@@ -360,10 +314,8 @@ class Relay:
         if self._broker_failures:
             logger.info("outbox: relay %s reaches the broker again", self.name)
             self._broker_failures = 0
-        advanced = store.advance_leased(
-            self.lease_alias, self.offset_name, self.owner, position, moved
-        )
-        if not advanced:
+        if not store.advance_leased(self.lease_alias, self.offset_name, self.owner, position,
+                                    moved):
             self._position = None
             logger.warning(
                 "outbox: relay %s lost its lease while sending; another relay will send "
@@ -445,15 +397,11 @@ def rewind(
 ) -> Rewind:
     """Set the relay back so that it sends again every message from ``to`` on.
 
-    For a broker that lost messages the relay had already sent (a Redis
-    restarted without persistence, a queue purged by mistake): the outbox
-    keeps every message until ``OUTBOX["RETENTION"]``, so they can be sent
-    again. Receivers skip what they had already handled (``outbox_received``).
-    A running relay carries on from the new position, nothing has to be
-    stopped: the lease is dropped with the move, so the relay's heartbeat
-    finds it gone within a quarter of ``RELAY_LEASE`` and the relay reads its
-    position again; a round already under way fails its compare-and-set on
-    the old position and sends its batch again from there.
+    For a broker that lost messages the relay had sent: the outbox keeps them
+    until ``OUTBOX["RETENTION"]``, and receivers skip what they had handled.
+    The lease is dropped with the move, so a running relay's heartbeat finds it
+    gone and the relay reads the new position; a round under way fails its
+    compare-and-set and sends its batch again (docs/outbox.md).
 
     Args:
         to: a message id (that message and everything after it in delivery

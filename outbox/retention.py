@@ -1,23 +1,14 @@
 """Deleting old messages, never one that a reader has not passed.
 
-A message is deleted when it is older than ``OUTBOX["RETENTION"]`` AND its
-id is at or below the floor of every reader (the id below which it has passed
-every message, of every tenant; :attr:`outbox.stream.Position.floor`): every row of
-``consumer_offsets`` (all consumer partitions and relays) and every
-configured consumer or relay that has no row yet (it will start from the
-beginning, so nothing may go). A consumer that is retired must have its
-offset rows deleted, or it holds retention back (``outbox_status`` shows it).
-
-With ``OUTBOX["REPLICATION_SLOT"]`` set (Debezium carries the messages,
-docs/debezium.md), the slot is a reader too: a message goes only once the slot
-has passed its transaction, as PostgreSQL tells from the slot's confirmed
-position (:attr:`outbox.debezium.SlotState.passed_before`); while the slot does
-not exist, nothing goes.
-
-Runs on the system alias, in bounded batches (one short transaction each),
-along the delivery index. Also forgets receiver records older than
-``OUTBOX["RETENTION"]``: a message can be sent again (a rewind, a broker's
-redelivery) only while it is kept, so its id need not be remembered longer.
+A message goes once older than ``OUTBOX["RETENTION"]`` and at or below every
+reader's floor (:attr:`outbox.stream.Position.floor`): every row of
+``consumer_offsets`` and every configured consumer or relay without one yet
+(it will start from the beginning). A retired consumer's offset rows must be
+deleted, or it holds retention back. With ``OUTBOX["REPLICATION_SLOT"]``, the
+slot is a reader too (:attr:`outbox.debezium.SlotState.passed_before`; while it
+does not exist, nothing goes). Receiver records go after ``RETENTION`` as well:
+a message can be sent again only while it is kept. Bounded batches on the
+system alias, one short transaction each.
 """
 
 from __future__ import annotations
@@ -110,10 +101,9 @@ def reap(batch_size: int | None = None, using: str | None = None) -> ReapResult:
             if deleted < size:
                 break
     received = 0
-    keep = retention
     for tenant_id in tenants_with_rows(alias, "outbox_received"):
         while True:
-            deleted = store.delete_received(alias, tenant_id, keep, size)
+            deleted = store.delete_received(alias, tenant_id, retention, size)
             received += deleted
             if deleted < size:
                 break

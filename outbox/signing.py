@@ -1,24 +1,13 @@
 """The relay's signature on each envelope, and the receivers' check of it.
 
 Anyone who can write to the broker's queues could hand a receiver an envelope
-of their own making, for any tenant. With ``OUTBOX["SIGNING_KEYS"]`` set, the
-relay adds to every envelope it sends an HMAC-SHA256 of the envelope's
-content, and a receiver refuses an envelope whose signature does not verify,
-before its handler runs and before anything is written as the tenant the
-envelope names (docs/outbox.md, "Who may write to the broker").
-
-The signature is the envelope's last key, ``"signature"``::
-
-    v1.<key id>.<HMAC-SHA256 in 64 hex digits>
-
-``v1`` names the scheme and the key id (:class:`outbox.conf.SigningKey`) the
-key. The MAC covers every other key of the envelope: it is taken over
-``b"outbox envelope v1\\n"`` followed by the JSON of the envelope without its
-signature, keys sorted, no spaces, non-ASCII escaped. JSON is unambiguous
-(two different envelopes never encode alike), and both sides encode the
-values as a receiver decodes them: the relay decodes the envelope that
-PostgreSQL wrote before signing it, so a number is signed as the receiver
-will see it, whatever digits PostgreSQL wrote for it.
+of their making, for any tenant. With ``OUTBOX["SIGNING_KEYS"]`` set, the relay
+appends ``"signature": "v1.<key id>.<HMAC-SHA256>"`` to every envelope, and a
+receiver refuses one that does not verify before anything runs or is written
+as the tenant it names (docs/outbox.md, "Who may write to the broker"). The MAC
+is over the envelope's other keys as JSON (unambiguous: keys sorted, no spaces,
+non-ASCII escaped), of the values as a receiver decodes them: the relay decodes
+PostgreSQL's JSON to sign it, whatever digits PostgreSQL wrote for a number.
 """
 
 from __future__ import annotations
@@ -28,7 +17,7 @@ import json
 import logging
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, overload
 
@@ -41,21 +30,25 @@ logger = logging.getLogger("outbox")
 #: The scheme this module signs with and the only one it verifies.
 SCHEME = "v1"
 
-_DOMAIN = b"outbox envelope v1\n"
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
-_FORMAT = re.compile(r"v1\.([0-9a-f]{8})\.([0-9a-f]{64})")
+_FORMAT = re.compile(r"([a-z][0-9])\.([0-9a-f]{8})\.([0-9a-f]{64})")  # scheme, key id, MAC
 
 
-def signature(envelope: Mapping[str, Any], key: SigningKey) -> str:
-    """The signature of ``envelope`` (its ``"signature"`` key, if any, left out) by ``key``.
+def mac(content: Mapping[str, Any], key: SigningKey, scheme: str = SCHEME,
+        domain: bytes = b"outbox envelope v1\n") -> str:
+    """``<scheme>.<key id>.<HMAC-SHA256 of domain + content's JSON>``: a signature of either
+    scheme (the relay's, and the publisher's of :mod:`outbox.debezium`).
 
     Raises:
         TypeError, ValueError: a value that JSON cannot encode.
     """
-    if SIGNATURE in envelope:
-        envelope = {name: value for name, value in envelope.items() if name != SIGNATURE}
-    data = _DOMAIN + _ENCODER.encode(envelope).encode("ascii")
-    return f"{SCHEME}.{key.key_id}.{hmac.digest(key.secret, data, 'sha256').hex()}"
+    data = domain + _ENCODER.encode(content).encode("ascii")
+    return f"{scheme}.{key.key_id}.{hmac.digest(key.secret, data, 'sha256').hex()}"
+
+
+def signature(envelope: Mapping[str, Any], key: SigningKey) -> str:
+    """The signature of ``envelope`` (its ``"signature"`` key, if any, left out) by ``key``."""
+    return mac({name: value for name, value in envelope.items() if name != SIGNATURE}, key)
 
 
 @overload
@@ -109,23 +102,33 @@ def verify(envelope: Any, keys: Sequence[SigningKey] | None = None) -> None:
     mark = envelope.get(SIGNATURE)
     if mark is None:
         raise BadSignature("it carries no signature")
+    verify_mark(mark, keys, SCHEME, lambda key: signature(envelope, key))
+
+
+def verify_mark(mark: Any, keys: Sequence[SigningKey], scheme: str,
+                expected: Callable[[SigningKey], str]) -> None:
+    """Refuse ``mark`` unless it is ``expected(key)`` for the key of ``keys`` it names.
+
+    Raises:
+        BadSignature: saying why, quoting nothing of ``mark`` but a well-formed key id.
+    """
     found = _FORMAT.fullmatch(mark) if isinstance(mark, str) else None
-    if found is None:
-        raise BadSignature(f"its signature is malformed, or not of the scheme {SCHEME}")
-    key = next((k for k in keys if k.key_id == found.group(1)), None)
+    if found is None or found.group(1) != scheme:
+        raise BadSignature(f"its signature is malformed, or not of the scheme {scheme}")
+    key = next((k for k in keys if k.key_id == found.group(2)), None)
     if key is None:
-        raise BadSignature(f'it is signed with key {found.group(1)}, which is not in '
+        raise BadSignature(f'it is signed with key {found.group(2)}, which is not in '
                            'OUTBOX["SIGNING_KEYS"]')
     try:
-        expected = signature(envelope, key)
-    except (TypeError, ValueError) as exc:
+        correct = expected(key)
+    except (KeyError, TypeError, ValueError) as exc:
         raise BadSignature("its content cannot be encoded to be verified") from exc
-    if not hmac.compare_digest(expected, mark):
+    if not hmac.compare_digest(correct, mark):
         raise BadSignature("its signature does not match its content")
 
 
-def check(envelope: Any, *, by: str) -> None:
-    """:func:`verify`, logging a refusal as an ERROR that names ``by`` and the message id.
+def check(envelope: Any, *, by: str, verify: Callable[[Any], None] = verify) -> None:
+    """``verify(envelope)``, logging a refusal as an ERROR that names ``by`` and the message id.
 
     The payload is never logged, and the message id only as a UUID (or quoted).
     """

@@ -1,26 +1,10 @@
-"""Every statement on the outbox's tables, and the rows they return.
+"""Every hand-written statement on the outbox's tables, and the rows they return.
 
-``outbox_messages``, ``consumer_offsets``, ``outbox_consumer_failures``,
-``outbox_dead_letters`` and ``outbox_received`` are read and written here and
-nowhere else; the other modules of the app decide what to do and call these
-functions. Each function
-takes the database alias it runs on as its first argument: the caller
-decides, through :mod:`tenancy.aliases`, which role does what (the app role
-under row-level security, the worker role for offsets and leases, the system
-role across tenants), and runs
-tenant-scoped statements inside :func:`tenancy.tenant_context`. A function
-runs in whatever transaction its caller has open on that alias.
-
-Rows come back as the types below, or as :class:`~outbox.stream.Message`,
-:class:`~outbox.stream.Envelope` and :class:`~outbox.stream.Batch`; never as
-positional tuples.
-
-The ORM is used where it costs nothing that could be measured; hand-written
-SQL where it earns its place, in ``outbox/queries.sql`` with the reason
-beside each statement. What may be read is decided in one place, the SQL
-functions of ``outbox/sql/0008_tenant_fence.sql`` (``outbox_read_v2()`` and
-the publishers in flight it reads, ``outbox_publishers_v2()``);
-:func:`read_batch` says why it is safe.
+The statements are in ``outbox/queries.sql``, each with the reason it is not
+the ORM's; a function here sends one of them, on the alias its caller names
+(:mod:`tenancy.aliases` decides which role does what), in whatever transaction
+the caller has open, and returns typed rows, never positional tuples. What may
+be read is decided in one place, ``outbox_read_v2()`` (:func:`read_batch`).
 """
 
 from __future__ import annotations
@@ -33,21 +17,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db.models import Count
 
 from django_idempotency_outbox.sqlfiles import queries
 from outbox.stream import Batch, Envelope, Message, Position
-from tenancy.leases import Lease
 from tenancy.statements import affected, fetch_all, fetch_one
 
 #: The app's statements, by name (outbox/queries.sql).
 SQL = queries("outbox")
-
-# The models are imported by the functions that use them: publish() and
-# receive() import this module, and may be imported before Django's app
-# registry is ready (e.g. at the top of an app's apps.py).
-
-# -- rows ---------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,51 +146,15 @@ class ReaderState:
         return self.name if self.is_relay else f"{self.name}[{self.partition}]"
 
 
-@dataclass(frozen=True)
-class Parked:
-    """A dead-letter row, as listed for people."""
-
-    tenant_id: int
-    id: int
-    consumer: str
-    message_id: str
-    topic: str
-    key: str | None
-    attempts: int
-    parked_at: datetime
-    error: str
-
-
-@dataclass(frozen=True, slots=True)
-class ParkedMessage:
-    """A dead-letter row locked for re-driving: the consumer and its message."""
-
-    consumer: str
-    message: Message
-
-
-# -- JSON ---------------------------------------------------------------------
-
-
 def _jsonb(value: Any) -> Any:
     """A jsonb value from a raw row, decoded (Django has psycopg return jsonb as text)."""
     return json.loads(value) if isinstance(value, str | bytes) else value
 
 
-#: One encoder for every call: ``json.dumps(value, cls=...)`` would make a new one each time.
-_ENCODER = DjangoJSONEncoder()
+#: JSON text for ``%s::jsonb`` parameters, as Django encodes dates, decimals and UUIDs
+#: (one encoder for every call: ``json.dumps(value, cls=...)`` makes one each time).
+_to_jsonb = DjangoJSONEncoder().encode
 
-
-def _to_jsonb(value: Any) -> str:
-    """JSON text for a ``%s::jsonb`` parameter (dates, decimals, UUIDs as Django encodes them).
-
-    Raises:
-        TypeError: ``value`` is not JSON-serialisable.
-    """
-    return _ENCODER.encode(value)
-
-
-# -- publishing ---------------------------------------------------------------
 
 def insert_message(
     using: str,
@@ -242,8 +182,6 @@ def insert_message(
     affected(using, SQL["publish"], params)
 
 
-# -- the stream ---------------------------------------------------------------
-
 def read_batch(
     using: str,
     position: Position,
@@ -255,44 +193,29 @@ def read_batch(
 ) -> Batch[Message]:
     """The next messages a reader at ``position`` may pass, in id order.
 
-    This is the read that makes positions gap-safe. Every transaction that
-    writes a message marks itself, before the message's id is taken, with
-    transaction-level locks that name the message's tenant (with its proof: a
-    key only the trigger can compute, for this transaction and tenant) and a
-    bound below every id the transaction takes (the trigger
-    ``outbox_mark_publisher_v2()``), and holds them until it ends. The read
-    (``outbox_read_v2()``) then takes, in this order::
+    The read that makes positions gap-safe (docs/guarantees.md has the whole
+    argument). Reading ``WHERE id > last_id`` alone loses a row whose
+    transaction took its id first and committed last. So every transaction
+    that writes a message first marks itself (``outbox_mark_publisher_v2()``)
+    with transaction-level locks naming the message's tenant, beside a proof
+    only the trigger can compute, and a bound below every id it takes; and
+    ``outbox_read_v2()`` takes, in this order::
 
         A := the last id handed out             -- read first
         W := the publishers in flight           -- pg_locks: tenant -> lowest bound b
         SELECT ... in a new snapshot            -- rows after the position, up to A,
                                                 -- but of a tenant in W only up to b
 
-    A row of tenant t with an id at or below A was written by a transaction
-    that had marked itself before A was read. If that transaction was still
-    open when W was read, W holds t at a bound below the row's id, and the
-    row is not read; else it had ended before the snapshot was taken (a
-    transaction is visible before its locks are released), so the snapshot
-    sees the row, or it was rolled back. So nothing this read passes can
-    still appear behind the reader, of any tenant; a row committed later
-    either has an id above A, or is of a tenant the reader holds back
-    (:class:`~outbox.stream.Position`) and reads when its publisher ends.
-    (docs/guarantees.md has the whole argument.) Reading ``WHERE id >
-    last_id`` without this loses a row whose transaction took its id first
-    and committed last.
-
-    The price: a publishing transaction that stays open holds back the
-    messages of its own tenants with larger ids until it ends
-    (``outbox_status`` names it); other tenants' messages, and other
-    transactions, however long, are not held back. A transaction's marks
-    count only while it holds the outbox's write lock (a lock a session keeps
-    after its transaction holds nothing back), and a tenant's mark only beside
-    its proof: only a transaction that inserted a message of a tenant holds
-    that tenant back, whatever locks another takes.
+    A row at or below A was written by a transaction marked before A was
+    read: still open when W was read, it holds the row's tenant back below
+    the row; else it ended before the snapshot (a transaction is visible
+    before its locks are released), which sees the row unless it was rolled
+    back. The price: a publishing transaction left open holds back its own
+    tenants' later messages, no one else's (``outbox_status`` names it).
 
     Run on the system alias (it sees every tenant), under READ COMMITTED
-    (``outbox_read_v2()`` refuses anything else: it needs a new snapshot for
-    its last statement), in a statement of its own.
+    (``outbox_read_v2()`` needs a new snapshot for its last statement), in a
+    statement of its own.
 
     Args:
         using: a database alias whose role is not subject to row-level security.
@@ -326,19 +249,10 @@ def read_envelopes(using: str, position: Position, limit: int) -> Batch[Envelope
 def _message(row: Sequence[Any]) -> Message:
     (id_, message_id, tenant_id, topic, payload, key, aggregate_type, aggregate_id, headers,
      created_at, xid) = row
-    return Message(
-        id=id_,
-        message_id=message_id if isinstance(message_id, uuid.UUID) else uuid.UUID(str(message_id)),
-        tenant_id=tenant_id,
-        topic=topic,
-        payload=_jsonb(payload),
-        key=key,
-        aggregate_type=aggregate_type,
-        aggregate_id=aggregate_id,
-        headers=_jsonb(headers) or {},
-        created_at=created_at,
-        xid=int(xid),
-    )
+    if not isinstance(message_id, uuid.UUID):
+        message_id = uuid.UUID(str(message_id))
+    return Message(id_, message_id, tenant_id, topic, _jsonb(payload), key, aggregate_type,
+                   aggregate_id, _jsonb(headers) or {}, created_at, int(xid))
 
 
 def _read(
@@ -353,9 +267,6 @@ def _read(
     in_flight = {int(tenant): int(bound) for tenant, bound in json.loads(found[0][1]).items()
                  if tenant != "*"}
     return allocated, in_flight, [row[2:] for row in found if row[2] is not None]
-
-
-# -- consumer offsets ---------------------------------------------------------
 
 
 def partition_counts(using: str, name: str) -> set[int]:
@@ -434,15 +345,9 @@ def record_failure(
     })
 
 
-def clear_failure(using: str, consumer: str, partition: int) -> None:
-    """Forget the current tenant's failure at the head of a partition (it has passed)."""
-    from outbox.models import ConsumerFailure
-
-    ConsumerFailure.objects.using(using).filter(consumer=consumer, partition=partition).delete()
-
-
 def reader_positions(using: str) -> list[ReaderPosition]:
     """Every reader's position (all consumer partitions and relays)."""
+    # Imported here: publish() imports this module, maybe before the app registry is ready.
     from outbox.models import ConsumerOffset
 
     rows = ConsumerOffset.objects.using(using).values_list("name", "partition", "last_id", "held")
@@ -450,16 +355,6 @@ def reader_positions(using: str) -> list[ReaderPosition]:
         ReaderPosition(name, partition, Position.of_row(last_id, held))
         for name, partition, last_id, held in rows
     ]
-
-
-# -- the relay's lease --------------------------------------------------------
-
-
-def relay_lease(using: str, name: str, owner: str) -> Lease:
-    """The relay ``name``'s lease, on its offset row (partition 0): a claim returns the
-    row's position (``last_id``, ``held``), and the advance compares the owner
-    (:func:`advance_leased`)."""
-    return Lease("outbox", name, using, owner)
 
 
 def advance_leased(
@@ -476,16 +371,8 @@ def advance_leased(
     }) == 1
 
 
-# -- rewinding the relay ------------------------------------------------------
-#
-# After a broker lost messages the relay had already passed, the relay is set
-# back to a position before them and sends everything from there again. These
-# are the only statements that know what "the position just before a message"
-# is: id - 1 in the id delivery order (queries.sql). A reader set there reads
-# the message next, and every message at or after the target, and only those,
-# lie above it.
-
-
+# Rewinding the relay: the only statements that know "the position just before a
+# message" (id - 1 in the delivery order, queries.sql), where a reader reads it next.
 @dataclass(frozen=True, slots=True)
 class StreamMark:
     """A message as a place to rewind a reader to.
@@ -552,8 +439,6 @@ def database_now(using: str) -> datetime:
     return now
 
 
-# -- dead letters -------------------------------------------------------------
-
 def park(using: str, consumer: str, message: Message, attempts: int, error: str) -> None:
     """Copy ``message`` into the dead-letter table, as its tenant (the caller's context)."""
     affected(using, SQL["park"], {
@@ -563,73 +448,6 @@ def park(using: str, consumer: str, message: Message, attempts: int, error: str)
         "payload": _to_jsonb(message.payload), "headers": _to_jsonb(message.headers),
         "created_at": message.created_at, "attempts": attempts, "error": error,
     })
-
-
-def is_parked(using: str, consumer: str, message_id: uuid.UUID) -> bool:
-    """Whether ``consumer`` has already parked ``message_id`` (of the tenants ``using`` sees)."""
-    from outbox.models import DeadLetter
-
-    return DeadLetter.objects.using(using).filter(
-        consumer=consumer, message_id=message_id
-    ).exists()
-
-
-def list_parked(
-    using: str, consumer: str | None = None, tenant_id: int | None = None, limit: int = 100
-) -> list[Parked]:
-    """Parked messages that ``using`` may see, oldest first."""
-    from outbox.models import DeadLetter
-
-    rows = DeadLetter.objects.using(using).order_by("parked_at", "tenant_id", "id")
-    if consumer is not None:
-        rows = rows.filter(consumer=consumer)
-    if tenant_id is not None:
-        rows = rows.filter(tenant_id=tenant_id)
-    return [
-        Parked(tenant, row_id, name, str(message_id), topic, key, attempts, parked_at, error)
-        for tenant, row_id, name, message_id, topic, key, attempts, parked_at, error
-        in rows.values_list("tenant_id", "id", "consumer", "message_id", "topic", "key",
-                            "attempts", "parked_at", "error")[:limit]
-    ]
-
-
-def parked_counts(using: str) -> dict[str, int]:
-    """Parked messages per consumer, of the tenants ``using`` may see."""
-    from outbox.models import DeadLetter
-
-    rows = DeadLetter.objects.using(using).values_list("consumer").annotate(n=Count("*"))
-    return dict(rows.order_by())
-
-
-def lock_parked(using: str, tenant_id: int, row_id: int) -> ParkedMessage | None:
-    """Lock a dead-letter row for re-driving, or None when missing or locked by someone else."""
-    from outbox.models import DeadLetter
-
-    found = list(
-        DeadLetter.objects.using(using)
-        .select_for_update(skip_locked=True)
-        .filter(tenant_id=tenant_id, id=row_id)[:1]
-    )
-    if not found:
-        return None
-    row = found[0]
-    message = Message(
-        id=row.message_pk, message_id=row.message_id, tenant_id=row.tenant_id, topic=row.topic,
-        payload=row.payload, key=row.key, aggregate_type=row.aggregate_type,
-        aggregate_id=row.aggregate_id, headers=row.headers or {},
-        created_at=row.message_created_at,
-    )
-    return ParkedMessage(row.consumer, message)
-
-
-def delete_parked(using: str, tenant_id: int, row_id: int) -> None:
-    """Delete a dead-letter row (its message was handled)."""
-    from outbox.models import DeadLetter
-
-    DeadLetter.objects.using(using).filter(tenant_id=tenant_id, id=row_id).delete()
-
-
-# -- retention ----------------------------------------------------------------
 
 
 def delete_passed_messages(using: str, upto: int, older_than: float, limit: int) -> int:
@@ -652,8 +470,6 @@ def delete_received(using: str, tenant_id: int, older_than: float, limit: int) -
     return affected(using, SQL["delete_received"], params)
 
 
-# -- status -------------------------------------------------------------------
-
 def reader_states(using: str) -> list[ReaderState]:
     """Every reader (consumer partitions and relays): what it has passed and what waits."""
     return [
@@ -664,13 +480,6 @@ def reader_states(using: str) -> list[ReaderState]:
         for (name, partition, count, last_id, held, behind, lag, first_tenant, idle, attempts,
              error, failing, lease_left, owner) in fetch_all(using, SQL["reader_states"])
     ]
-
-
-def count_messages(using: str) -> int:
-    """Messages in the outbox (of the tenants ``using`` may see)."""
-    from outbox.models import OutboxMessage
-
-    return OutboxMessage.objects.using(using).count()
 
 
 def last_allocated(using: str) -> int:
@@ -704,8 +513,6 @@ def publishers_in_flight(using: str) -> list[Publisher]:
     ]
 
 
-# -- receivers ----------------------------------------------------------------
-
 def record_received(using: str, tenant_id: int, receiver: str, message_id: uuid.UUID) -> bool:
     """Remember that ``receiver`` handled ``message_id``, as the current tenant.
 
@@ -714,9 +521,6 @@ def record_received(using: str, tenant_id: int, receiver: str, message_id: uuid.
     """
     params = {"tenant_id": tenant_id, "receiver": receiver, "message_id": message_id}
     return affected(using, SQL["record_received"], params) == 1
-
-
-# -- the fence's facts (system checks) ----------------------------------------
 
 
 @dataclass(frozen=True, slots=True)

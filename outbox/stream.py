@@ -81,19 +81,11 @@ class Message:
     @classmethod
     def from_envelope(cls, data: dict[str, Any]) -> Message:
         created = data.get("created_at")
-        return cls(
-            id=int(data["id"]),
-            message_id=uuid.UUID(str(data["message_id"])),
-            tenant_id=int(data["tenant_id"]),
-            topic=data["topic"],
-            payload=data.get("payload"),
-            key=data.get("key"),
-            aggregate_type=data.get("aggregate_type"),
-            aggregate_id=data.get("aggregate_id"),
-            headers=data.get("headers") or {},
-            created_at=datetime.fromisoformat(created) if created else None,
-            signature=data.get(SIGNATURE),
-        )
+        return cls(int(data["id"]), uuid.UUID(str(data["message_id"])), int(data["tenant_id"]),
+                   data["topic"], data.get("payload"), data.get("key"),
+                   data.get("aggregate_type"), data.get("aggregate_id"),
+                   data.get("headers") or {}, datetime.fromisoformat(created) if created else None,
+                   signature=data.get(SIGNATURE))
 
 
 @dataclass(frozen=True, slots=True)

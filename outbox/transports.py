@@ -57,32 +57,17 @@ class LoggingTransport(Transport):
 
 
 class CeleryTransport(Transport):
-    """Sends each message to a Celery task, chosen by topic.
+    """Sends each message, its envelope as the one argument and its id as ``task_id``, to
+    the Celery task ``OUTBOX["CELERY_TASK"]`` names for its topic, on ``CELERY_QUEUE``
+    or as Celery's ``task_routes`` route it (docs/outbox.md, "Transports").
 
-    The task receives one argument, the message envelope
-    (:meth:`outbox.stream.Message.envelope`, a JSON-serialisable dict) and is
-    sent with ``task_id`` = the message id. The task is the one
-    ``OUTBOX["CELERY_TASK"]`` names for its topic; its queue is
-    ``OUTBOX["CELERY_QUEUE"]``, else Celery's own routing (``task_routes``),
-    as ``send_task`` would route it.
-
-    Each message is built by Celery (``app.amqp.as_task_v2``) around the
-    envelope's JSON as PostgreSQL wrote it, and published by Celery
-    (``app.amqp.send_task_message``: its publish signals fire) through a
-    kombu ``Producer`` on the transport's own connection, inside kombu's
-    ``Producer.batch()``: on Redis kombu writes the whole batch in one
-    pipeline (kombu 5.7 and later). On RabbitMQ (kombu's ``pyamqp``
-    transport) the channel is in confirm mode, every message is published
-    with ``mandatory``, and :meth:`send` returns only once RabbitMQ has
-    confirmed every message of the batch: a nack, a message returned as
-    unroutable, or no confirm within the confirm timeout raises
-    :class:`BatchNotConfirmed`, and the relay keeps its offset and sends the
-    batch again. It refuses (``ConfigurationError``) what ``check`` reports
-    as ``outbox.E110``-``E112``.
-
-    Publishing is never retried inside Celery or kombu (``retry=False``): the
-    relay does its own backoff and sends the batch again, so an outage never
-    blocks inside kombu while holding a batch.
+    Celery builds each message around the envelope's JSON as PostgreSQL wrote it
+    and publishes it (its publish signals fire) through a kombu ``Producer`` on
+    the transport's own connection, a batch inside ``Producer.batch()`` (one
+    pipeline on Redis). On RabbitMQ :meth:`send` returns only once every message
+    is confirmed; else :class:`BatchNotConfirmed`. Nothing is retried inside
+    Celery or kombu (``retry=False``): the relay backs off and sends the batch
+    again, and an outage never blocks inside kombu while holding a batch.
     """
 
     reads_envelopes = True
@@ -105,13 +90,7 @@ class CeleryTransport(Transport):
         return self._app
 
     def task_for(self, topic: str) -> str:
-        task = task_for(outbox_settings.CELERY_TASK, topic)
-        if not task:
-            raise ConfigurationError(
-                f'no Celery task for topic {topic!r}: set OUTBOX["CELERY_TASK"] (a task, or a '
-                'dict topic -> task with "*" for every other topic)'
-            )
-        return str(task)
+        return task_for("CELERY_TASK", "Celery", topic)
 
     def send(self, messages: Sequence[Message | Envelope]) -> None:
         from outbox.celery import route
@@ -142,15 +121,12 @@ class BatchNotConfirmed(Exception):
 class _Publisher:
     """The Celery transport's own connection, one channel and a kombu Producer on it.
 
-    Its own, never one of Celery's producer pool: on RabbitMQ the channel is
-    in confirm mode and numbers its publishes from 1, which a publish by
-    anyone else would shift. kombu's ``confirm_publish`` (which ``check``
-    requires for Celery's own publishes) would make each publish wait for its
-    confirm; this connection leaves it off, puts its channel in confirm mode
-    itself and awaits a batch's confirms together. A broker that stops
-    answering cannot hold :meth:`close` longer than the confirm timeout (the
-    socket's read timeout); one that stops reading fails the batch at once
-    (py-amqp's ``TCP_USER_TIMEOUT``).
+    Not one of Celery's pool: on RabbitMQ its channel numbers its publishes
+    from 1 for the confirms, which anyone else's publish would shift; and
+    kombu's ``confirm_publish`` would wait for each confirm, where this awaits a
+    batch's together. A broker that stops answering cannot hold :meth:`close`
+    past the confirm timeout (the socket's read timeout); one that stops reading
+    fails the batch at once (py-amqp's ``TCP_USER_TIMEOUT``).
     """
 
     def __init__(self, app: Any) -> None:

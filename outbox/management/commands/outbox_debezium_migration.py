@@ -8,6 +8,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.loader import MigrationLoader
 
+from outbox.management import one_line_errors
+
 
 class Command(BaseCommand):
     help = (
@@ -48,11 +50,9 @@ class Command(BaseCommand):
         numbers = [int(name[:4]) for app, name in loader.graph.nodes
                    if app == label and name[:4].isdigit()]
         filename = f"{max(numbers, default=0) + 1:04d}_{options['name']}.py"
-        try:
+        with one_line_errors(also=(ValueError,)):
             source = debezium.migration_source(dependencies, options["publication"],
                                                options["role"])
-        except ValueError as exc:
-            raise CommandError(str(exc)) from exc
         if options["dry_run"]:
             self.stdout.write(source)
             return

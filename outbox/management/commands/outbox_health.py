@@ -2,19 +2,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError
 
 from django_idempotency_outbox.cli import non_negative_seconds
+from outbox.management import one_line_errors
 
 
 class Command(BaseCommand):
-    help = (
-        "Exit 0 when the outbox is moving, 1 when a consumer or the relay is more than "
-        "--max-lag seconds behind or the relay's lease is stale (for liveness and "
-        "readiness probes)."
-    )
+    help = ("Exit 0 when the outbox is moving, 1 when a consumer or the relay is more than "
+            "--max-lag seconds behind or the relay's lease is stale (for liveness and "
+            "readiness probes).")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("readers", nargs="*", metavar="READER",
@@ -29,14 +26,10 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         from outbox.health import check
 
-        try:
-            verdict = check(
-                max_lag=options["max_lag"], max_lease_age=options["max_lease_age"],
-                readers=options["readers"], relay=False if options["no_relay"] else None,
-            )
-        except (DatabaseError, ImproperlyConfigured) as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise CommandError(f"unhealthy: cannot read the outbox: {first}") from exc
+        with one_line_errors("unhealthy: cannot read the outbox: "):
+            verdict = check(max_lag=options["max_lag"], max_lease_age=options["max_lease_age"],
+                            readers=options["readers"],
+                            relay=False if options["no_relay"] else None)
         if not verdict.ok:
             for problem in verdict.problems[:-1]:
                 self.stderr.write(f"unhealthy: {problem}")

@@ -2,13 +2,12 @@ from __future__ import annotations
 
 import getpass
 import json
-import signal
 import threading
 from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError, close_old_connections
+
+from outbox.management import one_line_errors
 
 
 def _row_id(value: str) -> tuple[int, int]:
@@ -20,11 +19,9 @@ def _row_id(value: str) -> tuple[int, int]:
 
 
 class Command(BaseCommand):
-    help = (
-        "List messages parked by consumers (TENANT/ID: show them whole); with --redrive, "
-        "handle them again (each deleted once its handler succeeds); with --discard, delete "
-        "them unhandled; with --background, ask a job to do either; with --work, do the jobs."
-    )
+    help = ("List messages parked by consumers (TENANT/ID: show them whole); with --redrive, "
+            "handle them again (each deleted once its handler succeeds); with --discard, delete "
+            "them unhandled; with --background, ask a job to do either; with --work, do the jobs.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("ids", nargs="*", metavar="TENANT/ID", help="dead-letter rows")
@@ -47,10 +44,8 @@ class Command(BaseCommand):
         parser.add_argument("--limit", type=int, default=100, help="rows listed (default 100)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        try:
+        with one_line_errors():
             self._handle(options)
-        except (ImproperlyConfigured, DatabaseError) as exc:
-            raise CommandError(str(exc).strip().splitlines()[0]) from exc
 
     def _handle(self, options: dict[str, Any]) -> None:
         from outbox.deadletters import discard, enqueue, list_parked, redrive
@@ -140,29 +135,22 @@ class Command(BaseCommand):
 
     def _work(self, every: float | None, verbosity: int) -> None:
         from outbox.deadletters import work
+        from outbox.loops import run_loop, stop_on_signals
         from outbox.models import ParkedJob
 
-        stop = threading.Event()
-        if every is not None:
-            signal.signal(signal.SIGTERM, lambda *_: stop.set())
-            signal.signal(signal.SIGINT, lambda *_: stop.set())
-
         def report(job: ParkedJob) -> None:
-            done = job.handled + job.failed + job.missing
             if verbosity >= 2:
-                self.stdout.write(f"job {job.pk}: {done}/{job.total}")
+                self.stdout.write(f"job {job.pk}: {job.handled + job.failed + job.missing}"
+                                  f"/{job.total}")
 
-        while True:
-            close_old_connections()
-            try:
-                for job in work(progress=report, stop=stop.is_set):
-                    self.stdout.write(
-                        f"job {job.pk} {job.state}: {job.handled} handled, {job.failed} "
-                        f"failed again, {job.missing} no longer parked"
-                        + (f" ({job.last_error})" if job.last_error else ""))
-            except DatabaseError as exc:
-                if every is None:
-                    raise
-                self.stderr.write(f"lost the database: {str(exc).strip().splitlines()[0]}")
-            if every is None or stop.wait(every):
-                return
+        def step() -> bool:
+            for job in work(progress=report, stop=stop.is_set):
+                self.stdout.write(
+                    f"job {job.pk} {job.state}: {job.handled} handled, {job.failed} "
+                    f"failed again, {job.missing} no longer parked"
+                    + (f" ({job.last_error})" if job.last_error else ""))
+            return False
+
+        stop = threading.Event()
+        with stop_on_signals(stop):
+            run_loop(step, name="outbox_parked --work", stop=stop, once=every is None, idle=every)

@@ -3,8 +3,9 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError
+from django.core.management.base import BaseCommand
+
+from outbox.management import one_line_errors
 
 
 def _age(value: timedelta | None) -> str:
@@ -19,24 +20,17 @@ def _age(value: timedelta | None) -> str:
 
 
 class Command(BaseCommand):
-    help = (
-        "Show the outbox's state: lag per consumer and partition, the oldest message "
-        "not yet passed, parked messages, and the open transactions that published (each "
-        "holds back its own tenants' later messages)."
-    )
-
-    def add_arguments(self, parser: CommandParser) -> None:
-        pass
+    help = ("Show the outbox's state: lag per consumer and partition, the oldest message "
+            "not yet passed, parked messages, and the open transactions that published (each "
+            "holds back its own tenants' later messages).")
 
     def handle(self, *args: Any, **options: Any) -> None:
         from outbox.observation import Powers, hidden, powers, status
 
-        try:
+        with one_line_errors("could not read the outbox: "):
             s = status()
             held_by = {p.user for p in s.publishers if p.pid is not None}
             can: dict[str | None, Powers] = {user: powers(holder=user) for user in held_by}
-        except DatabaseError as exc:
-            raise CommandError(f"could not read the outbox: {exc}".splitlines()[0]) from exc
         out = self.stdout.write
         out(f"messages: {s.messages}   last id handed out: {s.allocated}")
         if s.oldest_unpassed_age is not None:

@@ -2,34 +2,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandParser
+
+from django_idempotency_outbox.cli import positive_int
+from outbox.management import one_line_errors
 
 
 class Command(BaseCommand):
-    help = (
-        "Delete outbox messages older than OUTBOX['RETENTION'] that every consumer and "
-        "relay has passed, and old receiver records. Runs as the system role."
-    )
+    help = ("Delete outbox messages older than OUTBOX['RETENTION'] that every consumer and "
+            "relay has passed, and old receiver records. Runs as the system role.")
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--batch-size", type=int, help="rows deleted per transaction")
+        parser.add_argument("--batch-size", type=positive_int, help="rows deleted per transaction")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        from outbox.conf import outbox_settings
         from outbox.retention import reap
 
-        size = options["batch_size"]
-        if size is not None and size < 1:
-            raise CommandError("--batch-size must be at least 1")
-        try:
-            result = reap(batch_size=size)
-        except ImproperlyConfigured as exc:
-            raise CommandError(str(exc)) from exc
+        with one_line_errors():
+            result = reap(batch_size=options["batch_size"])
         self.stdout.write(
             f"deleted {result.messages} message(s) and {result.received} receiver record(s)"
         )
-        from outbox.conf import outbox_settings
-
         slot = outbox_settings.REPLICATION_SLOT
         if slot is not None and result.slot_horizon is None and options["verbosity"] >= 1:
             self.stdout.write(

@@ -2,25 +2,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_idempotency_outbox.cli import message_id_or_time, port_number, serve_metrics
+from django_idempotency_outbox.cli import (
+    message_id_or_time,
+    port_number,
+    positive_int,
+    serve_metrics,
+)
 from outbox.exceptions import RewindRefused
+from outbox.management import one_line_errors
 
 
 class Command(BaseCommand):
-    help = (
-        "Relay committed outbox messages to the broker (OUTBOX['TRANSPORT']) until "
-        "SIGTERM; --once relays what is ready and exits; --rewind-to sets the relay back "
-        "so that it sends again what a broker lost."
-    )
+    help = ("Relay committed outbox messages to the broker (OUTBOX['TRANSPORT']) until "
+            "SIGTERM; --once relays what is ready and exits; --rewind-to sets the relay back "
+            "so that it sends again what a broker lost.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--once", action="store_true", help="exit when nothing is left")
         parser.add_argument("--name", help="relay name (its offset row is relay:<name>)")
         parser.add_argument("--transport", help="dotted path of a transport class")
-        parser.add_argument("--batch-size", type=int, help="messages per round")
+        parser.add_argument("--batch-size", type=positive_int, help="messages per round")
         parser.add_argument(
             "--metrics-port", type=port_number, metavar="PORT",
             help="serve Prometheus metrics (this process's and the outbox gauges) on PORT",
@@ -41,15 +44,13 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         from outbox.relay import Relay
 
-        if options["batch_size"] is not None and options["batch_size"] < 1:
-            raise CommandError("--batch-size must be at least 1")
         if options["rewind_to"] is not None:
             self._rewind(options)
             return
         if options["dry_run"]:
             raise CommandError("--dry-run goes with --rewind-to")
         serve_metrics(options["metrics_port"], options["metrics_addr"])
-        try:
+        with one_line_errors():
             relay = Relay(options["transport"], name=options["name"],
                           batch_size=options["batch_size"])
             if options["once"]:
@@ -61,8 +62,6 @@ class Command(BaseCommand):
                 self.stdout.write(f"relay {relay.name}: running (SIGTERM to stop)")
                 relay.run()
                 sent = relay.sent
-        except ImproperlyConfigured as exc:
-            raise CommandError(str(exc)) from exc
         self.stdout.write(f"relay {relay.name}: {sent} message(s) sent")
 
     def _rewind(self, options: dict[str, Any]) -> None:
@@ -70,10 +69,8 @@ class Command(BaseCommand):
 
         if options["once"]:
             raise CommandError("--rewind-to only moves the relay's position; leave out --once")
-        try:
+        with one_line_errors(also=(RewindRefused, ValueError)):
             done = rewind(options["rewind_to"], name=options["name"], dry_run=options["dry_run"])
-        except (RewindRefused, ImproperlyConfigured, ValueError) as exc:
-            raise CommandError(str(exc)) from exc
         if done.note:
             self.stdout.write(f"relay {done.relay}: nothing to send again: {done.note}")
             return

@@ -2,17 +2,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_idempotency_outbox.cli import port_number, serve_metrics
+from outbox.management import one_line_errors
 
 
 class Command(BaseCommand):
-    help = (
-        "Run the outbox consumers of OUTBOX['CONSUMERS'] (or those named) until SIGTERM; "
-        "--once handles what is ready and exits."
-    )
+    help = ("Run the outbox consumers of OUTBOX['CONSUMERS'] (or those named) until SIGTERM; "
+            "--once handles what is ready and exits.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("names", nargs="*", metavar="NAME", help="consumer names")
@@ -27,7 +25,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         from outbox.consumers import run_consumers, select_consumers
 
-        try:
+        with one_line_errors():
             consumers = select_consumers(options["names"])
             if not consumers:
                 raise CommandError('no consumers: list them in OUTBOX["CONSUMERS"]')
@@ -36,6 +34,4 @@ class Command(BaseCommand):
                 names = ", ".join(c.name for c in consumers)
                 self.stdout.write(f"consumers {names}: running (SIGTERM to stop)")
             handled = run_consumers(consumers, once=options["once"])
-        except ImproperlyConfigured as exc:
-            raise CommandError(str(exc)) from exc
         self.stdout.write(f"{handled} message(s) handled")
