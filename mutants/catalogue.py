@@ -2247,9 +2247,8 @@ CATALOGUE: list[Mutant] = [
         "relay.broker-pause-fixed", "outbox.relay",
         "a relay whose broker fails retries after 0.5 s, doubled up to 30 s",
         "outbox/relay.py",
-        "            pause = backoff(\n                self._broker_failures,\n"
-        "                BROKER_BACKOFF,\n                BROKER_BACKOFF_MAX,\n            )",
-        "            pause = BROKER_BACKOFF",
+        "pause = backoff(self._broker_failures, BROKER_BACKOFF, BROKER_BACKOFF_MAX)",
+        "pause = BROKER_BACKOFF",
         (OUTBOX + "test_backoff.py",),
     ),
     mutant(
