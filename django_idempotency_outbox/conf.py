@@ -1,27 +1,10 @@
 """Typed, namespaced settings, read live and validated once.
 
-Each app declares its settings as one class whose attributes are the keys of
-its settings dict, each with its default and its converter::
-
-    class IdempotencySettings(AppSettings):
-        namespace = "IDEMPOTENCY"
-
-        TTL = Setting(timedelta(hours=24), duration())
-        REQUIRED = Setting(True, boolean)
-
-    idempotency_settings = IdempotencySettings()
-    idempotency_settings.TTL      # a timedelta, whatever the user wrote (5 -> 5 s)
-
-A value is converted (and refused if it cannot be) the first time it is read,
-and the converted value is kept until Django says the settings changed (its
-``setting_changed`` signal, as DRF's settings do): ``override_settings`` and
-pytest-django's ``settings`` fixture take effect at once; mutating the dict in
-place does not. A value
-that cannot be converted is a ``manage.py check`` error naming the key
-(:func:`check`, which each app registers under its own check ids), so a typo
-fails at deploy time, not on the first request. A key a release removed is
-listed in the class's :attr:`AppSettings.removed`, with what replaces it: the
-check names the replacement rather than calling the key unknown.
+Each app declares one :class:`AppSettings` subclass whose :class:`Setting` attributes are the
+keys of its settings dict, with their defaults and converters. A value is converted the first
+time it is read and kept until Django's ``setting_changed`` (as DRF's settings are), so
+``override_settings`` works and mutating the dict in place does not; :func:`check` reports a
+value that cannot be converted, or a removed key with what replaces it (docs/settings.md).
 """
 
 from __future__ import annotations
@@ -47,12 +30,8 @@ Converter = Callable[[Any, str], T]
 
 
 class Setting(Generic[T]):
-    """One key of an app's settings dict: its default and its converter.
-
-    The default is written as a user would write the value (``timedelta``
-    or seconds, a list...) and goes through the same converter, so the
-    docs can show it as it is written here.
-    """
+    """One key of an app's settings dict: its default, written as a user would write it (it
+    goes through the same converter), and its converter."""
 
     def __init__(self, default: Any, convert: Converter[T] | None = None) -> None:
         self.default = default
@@ -79,11 +58,8 @@ def _as_is(value: Any, label: str) -> Any:
 
 
 class AppSettings:
-    """Base class of an app's settings object (one instance per app).
-
-    Subclasses set :attr:`namespace` (the name of the dict in
-    ``django.conf.settings``) and declare :class:`Setting` attributes.
-    """
+    """Base class of an app's settings object (one instance per app): a :attr:`namespace` (the
+    name of the dict in ``django.conf.settings``) and :class:`Setting` attributes."""
 
     namespace: ClassVar[str] = ""
     #: Keys earlier releases had, each with what replaces it (a sentence).
@@ -115,28 +91,17 @@ class AppSettings:
         return f'{self.namespace}["{key}"]'
 
     def user_settings(self) -> Mapping[str, Any]:
-        """The dict from ``django.conf.settings`` ({} when absent).
-
-        Raises:
-            ConfigurationError: it is not a dict.
-        """
+        """The dict in ``django.conf.settings`` ({} when absent; ConfigurationError: not a dict)."""
         value = getattr(settings, self.namespace, _NO_SETTINGS)
         if not isinstance(value, Mapping):
             raise ConfigurationError(f"settings.{self.namespace} must be a dict.")
         return value
 
     def value(self, key: str) -> Any:
-        """The converted value of ``key`` (the default when the user gave none).
-
-        Converted once, and kept until the settings change (:meth:`reload`).
-
-        Raises:
-            ConfigurationError: the user's value cannot be converted.
-        """
-        try:
+        """The converted value of ``key`` (the default when the user gave none), kept until the
+        settings change; ConfigurationError when the user's value cannot be converted."""
+        if key in self._values:
             return self._values[key]
-        except KeyError:
-            pass
         setting = self._declared.get(key)
         if setting is None:
             raise AttributeError(f"{self.namespace} has no setting {key!r}")
@@ -211,11 +176,7 @@ class CheckIds:
 
 
 def check(app_settings: AppSettings, ids: CheckIds) -> list[checks.CheckMessage]:
-    """``manage.py check``'s findings about one settings dict, under its app's ids.
-
-    Not a dict; a key nobody knows (the known ones in the hint); a key a
-    release removed (what replaces it); a value that cannot be converted (why).
-    """
+    """``manage.py check``'s findings about one settings dict, under its app's ids."""
     try:
         unknown = app_settings.unknown_keys()
         removed = app_settings.removed_keys()
@@ -247,9 +208,6 @@ def check(app_settings: AppSettings, ids: CheckIds) -> list[checks.CheckMessage]
         for key, problem in sorted(invalid.items())
     )
     return errors
-
-
-# --- converters ----------------------------------------------------------------
 
 
 def duration(*, allow_zero: bool = False) -> Converter[timedelta]:
@@ -329,10 +287,8 @@ MIN_SECRET_BYTES = 32
 
 
 def secret(value: Any, label: str) -> bytes:
-    """A secret key (a string or bytes) of at least 32 bytes, as bytes.
-
-    The errors give the secret's type or length, never the secret itself.
-    """
+    """A secret key (a string or bytes) of at least 32 bytes, as bytes; the errors give the
+    secret's type or length, never the secret itself."""
     if not isinstance(value, str | bytes):
         raise TypeError(f"{label} must be a string or bytes (a secret), not {type(value).__name__}")
     raw = value.encode() if isinstance(value, str) else bytes(value)

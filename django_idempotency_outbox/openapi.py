@@ -1,20 +1,10 @@
 """The OpenAPI schema of the library's answers, for drf-spectacular (the ``[spectacular]`` extra).
 
-drf-spectacular documents what a view's own code answers; the answers the
-library gives around it (a missing key, a request of no tenant...) it cannot
-see. ``tenancy.openapi`` and ``idempotency.openapi`` register view
-extensions for ``TenantScopedViewMixin`` and ``IdempotentViewMixin``
-(``AppConfig.ready()`` imports them when drf-spectacular is installed; no
-setting is needed). Each replaces the view, for schema generation only, by a
-subclass whose schema class adds those answers to every operation:
-
-- each as ``application/problem+json`` with the shared ``Problem`` component;
-- when ``REST_FRAMEWORK["EXCEPTION_HANDLER"]`` is
-  :func:`django_idempotency_outbox.drf.exception_handler`, also DRF's own
-  errors that the operation can give (:func:`drf_answers`), which are
-  problems too then.
-
-This module imports drf-spectacular: only the extension modules import it.
+drf-spectacular documents what a view's own code answers, not the answers the library gives
+around it (a missing key, a request of no tenant...). ``tenancy.openapi`` and
+``idempotency.openapi`` register view extensions that replace the view, for schema generation
+only, by a subclass whose schema class adds them (docs/mixin.md, "The OpenAPI schema"). This
+module imports drf-spectacular: only the extension modules import it.
 """
 
 from __future__ import annotations
@@ -54,10 +44,8 @@ PROBLEM_SCHEMA: dict[str, Any] = {
     "required": ["type", "title", "status", "detail", "code"],
 }
 
-RETRY_AFTER = {
-    "schema": {"type": "integer", "minimum": 0},
-    "description": "Seconds to wait before retrying.",
-}
+RETRY_AFTER = {"schema": {"type": "integer", "minimum": 0},
+               "description": "Seconds to wait before retrying."}
 
 
 @dataclass(frozen=True)
@@ -162,15 +150,9 @@ def drf_answers(schema: Any) -> list[Answer]:
     if authenticators:
         first = authenticators[0]()
         auth_status = 401 if first.authenticate_header(None) else 403
-        codes = ("not_authenticated", "authentication_failed") if guarded else (
-            "authentication_failed",
-        )
-        headers = {}
-        if auth_status == 401:
-            headers["WWW-Authenticate"] = {
-                "schema": {"type": "string"},
-                "description": "The authentication scheme to use.",
-            }
+        codes = (("not_authenticated",) if guarded else ()) + ("authentication_failed",)
+        scheme = {"schema": {"type": "string"}, "description": "The authentication scheme to use."}
+        headers = {"WWW-Authenticate": scheme} if auth_status == 401 else {}
         answers.append(Answer(auth_status, codes, "Not authenticated", headers))
     if guarded:
         answers.append(Answer(403, ("permission_denied",), "Not allowed"))

@@ -1077,8 +1077,8 @@ CATALOGUE: list[Mutant] = [
         "checks.E030-missing", "tenancy.checks",
         "check tenancy.E030 reports an app or worker role that can create temporary tables",
         "tenancy/checks.py",
-        "    if not holders:\n        return []\n    fix = ",
-        "    if True:\n        return []\n    fix = ",
+        "    if not holders:\n        return []\n    database = ",
+        "    if True:\n        return []\n    database = ",
         (TENANCY + "test_temporary.py",),
     ),
     mutant(
@@ -1173,8 +1173,8 @@ CATALOGUE: list[Mutant] = [
         "provision.system-without-bypassrls", "tenancy.provision",
         "create_roles gives the system role BYPASSRLS, and no superuser",
         "tenancy/provision.py",
-        '    "system": {"rolcanlogin": True, "rolsuper": False, "rolbypassrls": True,',
-        '    "system": {"rolcanlogin": True, "rolsuper": False, "rolbypassrls": False,',
+        '    "system": {**_UNPRIVILEGED, "rolbypassrls": True},',
+        '    "system": {**_UNPRIVILEGED, "rolbypassrls": False},',
         (TENANCY + "test_setup_roles.py",),
     ),
     mutant(

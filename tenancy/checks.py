@@ -1,9 +1,7 @@
-"""System checks: is row-level security really in force?
+"""System checks: is row-level security really in force? (docs/roles.md lists each id.)
 
-``manage.py check`` verifies the settings; ``manage.py check --database
-default --database system`` (and ``migrate``) also ask the database about the
-roles and tables. RLS proves nothing if the web process connects as a
-superuser, as a role with BYPASSRLS, or as the owner of the tables.
+RLS proves nothing if the web process connects as a superuser, as a role with
+BYPASSRLS, or as the owner of the tables.
 """
 
 from __future__ import annotations
@@ -58,12 +56,15 @@ def _unless_unreadable(check: Any) -> Any:
 
 
 def _is_postgresql(alias: str) -> bool:
-    engine = settings.DATABASES[alias].get("ENGINE", "")
-    return engine in {
-        "django.db.backends.postgresql",
-        "django.contrib.gis.db.backends.postgis",
+    return settings.DATABASES[alias].get("ENGINE", "") in {
+        "django.db.backends.postgresql", "django.contrib.gis.db.backends.postgis",
         "tenancy.backends.postgresql",  # tenancy.databases(): PostgreSQL's, tests made by the owner
     }
+
+
+def _postgresql(databases: Sequence[str] | None) -> list[str]:
+    """The aliases of ``databases`` that are configured PostgreSQL ones, in their order."""
+    return [a for a in databases or () if a in settings.DATABASES and _is_postgresql(a)]
 
 
 #: The ids under which tenancy reports its own settings dict (and the shared
@@ -85,49 +86,36 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     except ConfigurationError:
         return errors  # reported above (E001 or E007)
     if app_alias not in settings.DATABASES:
-        errors.append(
-            checks.Error(
-                f'TENANCY["APP_DATABASE"] = {app_alias!r} is not in DATABASES.', id="tenancy.E003"
-            )
-        )
+        errors.append(checks.Error(
+            f'TENANCY["APP_DATABASE"] = {app_alias!r} is not in DATABASES.', id="tenancy.E003"))
     if system_alias not in settings.DATABASES:
-        errors.append(
-            checks.Warning(
-                f'TENANCY["SYSTEM_DATABASE"] = {system_alias!r} is not in DATABASES: reaping '
-                "idempotency keys and relaying the outbox need a connection as the system role.",
-                hint="Add a DATABASES entry that logs in as the system role (docs/roles.md).",
-                id="tenancy.W004",
-            )
-        )
+        errors.append(checks.Warning(
+            f'TENANCY["SYSTEM_DATABASE"] = {system_alias!r} is not in DATABASES: reaping '
+            "idempotency keys and relaying the outbox need a connection as the system role.",
+            hint="Add a DATABASES entry that logs in as the system role (docs/roles.md).",
+            id="tenancy.W004",
+        ))
     worker_alias = tenancy_settings.WORKER_DATABASE
     if worker_alias not in settings.DATABASES:
-        errors.append(
-            checks.Warning(
-                f'TENANCY["WORKER_DATABASE"] = {worker_alias!r} is not in DATABASES: consumers '
-                "and relays keep their offsets through a connection as the worker role.",
-                hint="Add a DATABASES entry that logs in as the worker role (docs/roles.md).",
-                id="tenancy.W019",
-            )
-        )
+        errors.append(checks.Warning(
+            f'TENANCY["WORKER_DATABASE"] = {worker_alias!r} is not in DATABASES: consumers '
+            "and relays keep their offsets through a connection as the worker role.",
+            hint="Add a DATABASES entry that logs in as the worker role (docs/roles.md).",
+            id="tenancy.W019",
+        ))
     if admin_alias is not None and admin_alias not in settings.DATABASES:
-        errors.append(
-            checks.Error(
-                f'TENANCY["ADMIN_DATABASE"] = {admin_alias!r} is not in DATABASES: the admin\'s '
-                "lists and the metrics' outbox gauges are read through it.",
-                hint="Add its DATABASES entry, or leave the setting out (the system alias).",
-                id="tenancy.E032",
-            )
-        )
+        errors.append(checks.Error(
+            f'TENANCY["ADMIN_DATABASE"] = {admin_alias!r} is not in DATABASES: the admin\'s '
+            "lists and the metrics' outbox gauges are read through it.",
+            hint="Add its DATABASES entry, or leave the setting out (the system alias).",
+            id="tenancy.E032",
+        ))
     errors.extend(_check_distinct_roles())
     for alias in (app_alias, worker_alias, system_alias):
         if alias in settings.DATABASES and not _is_postgresql(alias):
-            errors.append(
-                checks.Error(
-                    f"DATABASES[{alias!r}] is not PostgreSQL: tenant isolation relies on "
-                    "PostgreSQL row-level security.",
-                    id="tenancy.E005",
-                )
-            )
+            errors.append(checks.Error(
+                f"DATABASES[{alias!r}] is not PostgreSQL: tenant isolation relies on "
+                "PostgreSQL row-level security.", id="tenancy.E005"))
         elif alias in settings.DATABASES:
             errors.extend(_check_statement_layer(alias))
     if tenancy_settings.TENANT_RESOLVER is not None:
@@ -173,61 +161,44 @@ def _check_distinct_roles() -> list[checks.CheckMessage]:
     errors: list[checks.CheckMessage] = []
     for kind in ("worker", "system"):
         if kind in names and names[kind] == names.get("app"):
-            errors.append(
-                checks.Error(
-                    f"The app role and the {kind} role are both {names[kind]!r}: the web "
-                    f"process would hold the {kind} role's privileges "
-                    + ("(the shared delivery state: offsets and leases)." if kind == "worker"
-                       else "(every tenant's rows)."),
-                    hint="Give each its own role (docs/roles.md, TENANCY[\"ROLES\"]).",
-                    id="tenancy.E020",
-                )
-            )
+            errors.append(checks.Error(
+                f"The app role and the {kind} role are both {names[kind]!r}: the web "
+                f"process would hold the {kind} role's privileges "
+                + ("(the shared delivery state: offsets and leases)." if kind == "worker"
+                   else "(every tenant's rows)."),
+                hint="Give each its own role (docs/roles.md, TENANCY[\"ROLES\"]).",
+                id="tenancy.E020",
+            ))
     return errors
 
 
 def check_routing(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """Do the ORM's queries go where ``tenant_context`` sets the tenant?
-
-    ``tenant_context`` sets the tenant on ``TENANCY["APP_DATABASE"]``; a
-    query that Django routes elsewhere runs outside that transaction, where
-    row-level security shows no row and refuses every insert.
-    """
+    """Do the ORM's queries go where ``tenant_context`` sets the tenant? Elsewhere, row-level
+    security shows no row and refuses every insert."""
     try:
         app_alias = tenancy_settings.APP_DATABASE
     except ConfigurationError:
         return []  # reported by check_settings
     if app_alias not in settings.DATABASES:
         return []  # tenancy.E003
-    errors: list[checks.CheckMessage] = []
     own = [m for m in tenant_isolated_models() if m._meta.app_label not in library_apps()]
-    for model in own:
-        routed = router.db_for_write(model)
-        if routed != app_alias:
-            errors.append(
-                checks.Error(
-                    f"{model._meta.label} is tenant-isolated, but the ORM writes it to "
-                    f"{routed!r}, while tenant_context sets the tenant on "
-                    f'TENANCY["APP_DATABASE"] = {app_alias!r}: its queries would run '
-                    "outside the tenant's transaction.",
-                    hint='Add "tenancy.routers.AppDatabaseRouter" to DATABASE_ROUTERS, or route '
-                    "the model to the app alias yourself (docs/settings.md).",
-                    obj=model,
-                    id="tenancy.E008",
-                )
-            )
+    errors: list[checks.CheckMessage] = [checks.Error(
+        f"{model._meta.label} is tenant-isolated, but the ORM writes it to {routed!r}, while "
+        f'tenant_context sets the tenant on TENANCY["APP_DATABASE"] = {app_alias!r}: its '
+        "queries would run outside the tenant's transaction.",
+        hint='Add "tenancy.routers.AppDatabaseRouter" to DATABASE_ROUTERS, or route the model '
+        "to the app alias yourself (docs/settings.md).",
+        obj=model, id="tenancy.E008",
+    ) for model in own if (routed := router.db_for_write(model)) != app_alias]
     errors.extend(_check_worker_routing(own))
     if not own and app_alias != "default" and not settings.DATABASE_ROUTERS:
-        errors.append(
-            checks.Warning(
-                f'TENANCY["APP_DATABASE"] is {app_alias!r}, but DATABASE_ROUTERS is empty: '
-                "Django sends every query without using() to 'default', not where "
-                "tenant_context sets the tenant.",
-                hint='Add "tenancy.routers.AppDatabaseRouter" to DATABASE_ROUTERS '
-                "(docs/settings.md).",
-                id="tenancy.W009",
-            )
-        )
+        errors.append(checks.Warning(
+            f'TENANCY["APP_DATABASE"] is {app_alias!r}, but DATABASE_ROUTERS is empty: '
+            "Django sends every query without using() to 'default', not where "
+            "tenant_context sets the tenant.",
+            hint='Add "tenancy.routers.AppDatabaseRouter" to DATABASE_ROUTERS (docs/settings.md).',
+            id="tenancy.W009",
+        ))
     return errors
 
 
@@ -238,24 +209,15 @@ def _check_worker_routing(own: list[Any]) -> list[checks.CheckMessage]:
     worker = tenancy_settings.WORKER_DATABASE
     if worker not in settings.DATABASES:
         return []  # no worker alias: nothing runs a worker's batch
-    errors: list[checks.CheckMessage] = []
     with working_as_worker(worker):
-        for model in own:
-            routed = router.db_for_write(model)
-            if routed != worker:
-                errors.append(
-                    checks.Error(
-                        f"{model._meta.label} is tenant-isolated, but inside a consumer's batch "
-                        f"the ORM writes it to {routed!r}, not to the batch's transaction on "
-                        f'TENANCY["WORKER_DATABASE"] = {worker!r}: a handler\'s writes would '
-                        "not commit with its offset advance.",
-                        hint='Add "tenancy.routers.AppDatabaseRouter" to DATABASE_ROUTERS '
-                        "(docs/consumers.md).",
-                        obj=model,
-                        id="tenancy.E021",
-                    )
-                )
-    return errors
+        return [checks.Error(
+            f"{model._meta.label} is tenant-isolated, but inside a consumer's batch the ORM "
+            f"writes it to {routed!r}, not to the batch's transaction on "
+            f'TENANCY["WORKER_DATABASE"] = {worker!r}: a handler\'s writes would not commit '
+            "with its offset advance.",
+            hint='Add "tenancy.routers.AppDatabaseRouter" to DATABASE_ROUTERS (docs/consumers.md).',
+            obj=model, id="tenancy.E021",
+        ) for model in own if (routed := router.db_for_write(model)) != worker]
 
 
 def _not_inspected(alias: str, exc: DatabaseError) -> list[checks.CheckMessage]:
@@ -271,15 +233,12 @@ def check_privileges(
 ) -> list[checks.CheckMessage]:
     """Each role's privileges on each library table, against ``tenancy.privileges.matrix()``.
 
-    Through an alias that owns the tables (``migrate --database owner`` runs
-    the database checks on its own alias before it migrates), the differences
-    are one warning, ``tenancy.W027``: that ``migrate`` applies the matrix at
-    its end, so it must not stop on them. Through any other alias each is an
-    error naming its fix.
+    Through the tables' owner's alias they are one warning (``tenancy.W027``): ``migrate`` runs
+    its checks before it applies the matrix, so it must not stop on them.
     """
     from tenancy.privileges import compare, owns_tables
 
-    aliases = [a for a in databases or () if a in settings.DATABASES and _is_postgresql(a)]
+    aliases = _postgresql(databases)
     if not aliases:
         return []
     try:
@@ -288,23 +247,13 @@ def check_privileges(
             return [_will_apply(aliases[0], findings)]
     except DatabaseError as exc:
         return _not_inspected(aliases[0], exc)
-    errors: list[checks.CheckMessage] = []
-    for f in findings:
-        kinds = "/".join(f.kinds) or "no kind"
-        if f.missing:
-            errors.append(checks.Error(
-                f"Role {f.role!r} ({kinds}) lacks {f.privilege} on {f.table}.",
-                hint=f"Run, as the owner: {f.fix} (or manage.py grant_privileges).",
-                id="tenancy.E017",
-            ))
-        else:
-            errors.append(checks.Error(
-                f"Role {f.role!r} ({kinds}) has {f.privilege} on {f.table}, which the "
-                "library's privilege matrix does not give it (docs/roles.md).",
-                hint=f"Run, as the owner: {f.fix} (or manage.py grant_privileges).",
-                id="tenancy.E018",
-            ))
-    return errors
+    return [checks.Error(
+        f"Role {f.role!r} ({'/'.join(f.kinds) or 'no kind'}) "
+        + (f"lacks {f.privilege} on {f.table}." if f.missing else f"has {f.privilege} on "
+           f"{f.table}, which the library's privilege matrix does not give it (docs/roles.md)."),
+        hint=f"Run, as the owner: {f.fix} (or manage.py grant_privileges).",
+        id="tenancy.E017" if f.missing else "tenancy.E018",
+    ) for f in findings]
 
 
 def _will_apply(alias: str, findings: Sequence[Any]) -> checks.CheckMessage:
@@ -324,18 +273,13 @@ def _will_apply(alias: str, findings: Sequence[Any]) -> checks.CheckMessage:
 def check_project_privileges(
     app_configs: Any = None, databases: Sequence[str] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
-    """Can the web process use your tables at all, when migrate does not grant them?
-
-    With ``TENANCY["GRANT_PROJECT_TABLES"]`` off, your grants are yours to
-    give; a table of your apps (Django's included) on which the app role holds
-    no privilege at all is almost always one you forgot, and every request
-    that touches it answers 500.
-    """
+    """With ``GRANT_PROJECT_TABLES`` off, a table of yours the app role holds no privilege on
+    (almost always a forgotten grant: every request that touches it answers 500)."""
     from tenancy.privileges import role_names
 
     if tenancy_settings.GRANT_PROJECT_TABLES:
         return []  # migrate grants them; check_privileges compares
-    aliases = [a for a in databases or () if a in settings.DATABASES and _is_postgresql(a)]
+    aliases = _postgresql(databases)
     role = role_names().get("app")
     if not aliases or not role:
         return []
@@ -367,13 +311,7 @@ def check_project_privileges(
 
 
 def check_closed_tables(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """Which tables of yours does ``GRANT_PROJECT_TABLES`` leave closed, for want of RLS?
-
-    Opened to the app role, a table without row-level security would hand every
-    tenant's rows to a query that forgets its tenant, and to SQL injected into
-    any tenant's request, in both modes. ``migrate`` opens it only when
-    ``TENANCY["SHARED_TABLES"]`` names it (``tenancy.W040`` until then).
-    """
+    """Which tables of yours does ``GRANT_PROJECT_TABLES`` leave closed, for want of RLS?"""
     from tenancy.privileges import closed_tables
 
     try:
@@ -424,44 +362,35 @@ def check_temporary(
 ) -> list[checks.CheckMessage]:
     """Can the app or worker role still create temporary tables (``tenancy.E030``)?
 
-    A temporary table left in a pooled server session would shadow a table of
-    the same name for the session's next borrower (docs/roles.md). Asked on the
-    first alias named that does not connect as the database's owner: ``migrate``
-    connected as the owner takes the privilege away itself, after its checks.
+    Asked on the first alias named that is not the database's owner: ``migrate`` connected as
+    the owner takes the privilege away itself, after its checks.
     """
-    from tenancy.privileges import (
-        database_name,
-        database_statements,
-        owns_database,
-        temporary_holders,
-    )
+    from tenancy import privileges
 
-    aliases = [a for a in databases or () if a in settings.DATABASES and _is_postgresql(a)]
+    aliases = _postgresql(databases)
     holders: list[tuple[str, str]] = []
     for alias in aliases:
         try:
-            if owns_database(alias):
+            if privileges.owns_database(alias):
                 continue
-            holders = temporary_holders(alias)
+            holders = privileges.temporary_holders(alias)
         except DatabaseError as exc:
             # check_privileges asked the first alias named, and reported it.
             return [] if alias == aliases[0] else _not_inspected(alias, exc)
         break
     if not holders:
         return []
-    fix = " ".join(database_statements(database_name()))
-    return [
-        checks.Error(
-            f"Role {role!r} ({kind}) can create temporary tables in database "
-            f"{database_name()!r} (TEMPORARY, which PostgreSQL gives PUBLIC by default): a "
-            "temporary table left in a pooled server session would take the place of a table "
-            "of the same name for the session's next borrower.",
-            hint=f"Run, as the database's owner: {fix} (or manage.py grant_privileges, or "
-            "migrate, connected as it).",
-            id="tenancy.E030",
-        )
-        for kind, role in holders
-    ]
+    database = privileges.database_name()
+    fix = " ".join(privileges.database_statements(database))
+    return [checks.Error(
+        f"Role {role!r} ({kind}) can create temporary tables in database "
+        f"{database!r} (TEMPORARY, which PostgreSQL gives PUBLIC by default): a "
+        "temporary table left in a pooled server session would take the place of a table "
+        "of the same name for the session's next borrower.",
+        hint=f"Run, as the database's owner: {fix} (or manage.py grant_privileges, or "
+        "migrate, connected as it).",
+        id="tenancy.E030",
+    ) for kind, role in holders]
 
 
 def check_database_roles(
@@ -470,9 +399,7 @@ def check_database_roles(
     errors: list[checks.CheckMessage] = []
     tables = tenant_isolated_tables()
     seen: set[tuple[str, str]] = set()  # a table's finding once, whichever aliases looked
-    for alias in databases or ():
-        if alias not in settings.DATABASES or not _is_postgresql(alias):
-            continue
+    for alias in _postgresql(databases):
         try:
             if alias in (tenancy_settings.APP_DATABASE, tenancy_settings.WORKER_DATABASE):
                 found = list(_check_app_alias(alias, tables))
@@ -633,18 +560,12 @@ def check_role_drift(
 ) -> list[checks.CheckMessage]:
     """Do the app, worker and system roles still look as ``create_roles`` made them?
 
-    Their attributes, no connection limit or expiry, and exactly the role-level
-    settings of ``TENANCY["ROLE_SETTINGS"]`` (none for one database alone). The
-    web role may change its own settings for every later session (``ALTER
-    ROLE CURRENT_USER SET ...``): a difference on a parameter a guarantee rests
-    on is an error (``tenancy.E041``), another a warning (``W042``); an
-    attribute that breaks isolation is an error (``E043``), another a warning
-    (``W044``). Asked on the first alias named (the catalogs are readable by
-    every role).
+    The web role may change its own settings for every later session (``ALTER ROLE CURRENT_USER
+    SET ...``). Asked on the first alias named (the catalogs are readable by every role).
     """
     from tenancy.provision import role_drift
 
-    aliases = [a for a in databases or () if a in settings.DATABASES and _is_postgresql(a)]
+    aliases = _postgresql(databases)
     if not aliases:
         return []
     try:
@@ -654,12 +575,8 @@ def check_role_drift(
     messages: list[checks.CheckMessage] = []
     for d in found:
         hint = f"Run, as a superuser: {d.fix} (or manage.py create_roles, which puts it back)."
-        if d.attribute:
-            level, id_ = (checks.Error, "tenancy.E043") if d.breaks else (checks.Warning,
-                                                                           "tenancy.W044")
-        else:
-            level, id_ = (checks.Error, "tenancy.E041") if d.breaks else (checks.Warning,
-                                                                           "tenancy.W042")
+        ids = ("tenancy.E043", "tenancy.W044") if d.attribute else ("tenancy.E041", "tenancy.W042")
+        level, id_ = (checks.Error, ids[0]) if d.breaks else (checks.Warning, ids[1])
         why = f": {d.breaks}" if d.breaks else ""
         messages.append(level(f"The {d.said}{why}.", hint=hint, id=id_))
     return messages

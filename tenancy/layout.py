@@ -1,14 +1,8 @@
 """The database layout of a deployment: ``DATABASES`` from one URL and the roles' names.
 
-A deployment connects to one database as four roles (docs/roles.md): the web
-process as the app role, consumers and relays as the worker role,
-cross-tenant upkeep as the system role, and ``migrate`` as the owner. Each
-needs an alias; :func:`databases` (``from tenancy import databases``) writes
-the four from one URL::
-
-    DATABASES = databases("postgres://localhost:5432/shop", passfile=BASE_DIR / ".pgpass")
-
-Importing it reads no setting, so ``settings.py`` may import it.
+A deployment connects to one database as four roles (docs/roles.md), each through an alias;
+:func:`databases` writes the four (docs/settings.md). Importing it reads no setting, so
+``settings.py`` may import it.
 """
 
 from __future__ import annotations
@@ -67,45 +61,23 @@ def databases(
     """The ``DATABASES`` entries of the four roles, from one database URL.
 
     Args:
-        url: ``postgres://HOST:PORT/NAME`` (django-environ's ``DATABASE_URL``
-            style, ``postgresql://`` too; query parameters such as
-            ``?sslmode=require`` become libpq ``OPTIONS``), or the dict that
-            ``environ.Env().db()`` returns for it. It names the server and the
-            database, not a user: each alias logs in as its own role.
-        roles: the role of each kind (``"app"``, ``"worker"``, ``"system"``,
-            ``"owner"``); a kind left out is ``<database>_<kind>``
-            (``shop_app``...).
-        aliases: the alias of each kind (default: ``default``, ``worker``,
-            ``system``, ``owner``, the names ``TENANCY`` expects unless told
-            otherwise). When the app's alias is not ``default``, ``default``
-            is written as an empty entry (Django requires it; a query sent
-            there fails at once) and ``TENANCY["APP_DATABASE"]`` must name the
-            app's alias.
-        passfile: a libpq password file (``host:port:database:user:password``
-            lines, mode 0600) that every alias reads its password from
-            (``OPTIONS["passfile"]``); ``manage.py create_roles`` writes the
-            passwords it generates there. Without it, set each alias's
-            ``PASSWORD`` yourself, or rely on libpq's ``~/.pgpass``.
-        pooled: the URL of a pgbouncer in transaction mode in front of the
-            same database (its ``[databases]`` name may differ). The app
-            alias, the web process's, connects through it, with what a pooled
-            alias needs (docs/scaling.md): persistent, health-checked
-            connections, no server-side cursors, no prepared statements. The
-            others stay direct: consumers and relays rely on their sessions.
+        url: ``postgres://HOST:PORT/NAME``, or django-environ's dict for it: the server and
+            the database, never a user (each alias logs in as its own role).
+        roles: the role of each kind; a kind left out is ``<database>_<kind>``.
+        aliases: the alias of each kind (default: the names ``TENANCY`` expects).
+        passfile: a libpq password file every alias reads its password from.
+        pooled: the URL of a pgbouncer in transaction mode, for the app alias only.
 
     Returns:
-        ``{alias: settings}`` for the four aliases (and ``default`` when no
-        kind is called so). The app, worker and system aliases use
-        ``tenancy.backends.postgresql``: Django's backend, except that under
-        ``manage.py test`` their test database is created, migrated, flushed
-        and dropped by the owner (``TEST["OWNER"]``), as in a deployment.
+        ``{alias: settings}`` for the four aliases (and an empty ``default`` when no kind
+        is called so).
 
     Raises:
-        DatabaseURLError: the URL is not a PostgreSQL URL, names a user or a
-            password (in its address, or as options: ``?password=``, ``?user=``,
-            ``?host=``, ``?dbname=``, ``?assume_role=``... :data:`NOT_OPTIONS`),
-            or has no database name; a role or alias is unknown or repeated; a
-            name is over 63 bytes (PostgreSQL would cut it).
+        DatabaseURLError: the URL is not a PostgreSQL URL, names a user, a password or
+            one of :data:`NOT_OPTIONS`, or no database; a role or alias is unknown or
+            repeated; a name is over 63 bytes (PostgreSQL would cut it).
+
+    docs/settings.md says each argument in full.
     """
     server = _server(url)
     names = _roles(server["NAME"], roles or {})

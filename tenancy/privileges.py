@@ -1,22 +1,8 @@
 """Who may do what to the library's tables: one matrix, for the grants, the check and the docs.
 
-Each app declares its own tables' privileges beside its models, as
-``TABLE_PRIVILEGES`` in its models module (``idempotency.models``,
-``outbox.models``); tenancy declares only what the roles need on Django's
-``django_migrations`` (:data:`OWN`). :func:`matrix` collects them from every
-installed app, as Django's admin discovers ``admin`` modules: tenancy names
-no table of the apps above it. ``migrate`` run as the tables' owner applies
-the matrix (a ``post_migrate`` handler, app by app), ``manage.py
-grant_privileges`` applies or prints it, the system check
-``tenancy.E017``/``E018`` compares the database with it, and docs/roles.md
-shows its ``--print`` output (a test keeps the page and the matrix equal).
-
-Applying converges and never widens: for each table the matrix governs and
-each role whose privileges there differ from it, it revokes everything, then
-grants the matrix's privileges, in one transaction; what already agrees is
-left alone, so running it again runs nothing.
-The role of each kind is ``TENANCY["ROLES"][kind]``, else the ``USER`` of the
-kind's alias (``APP_DATABASE``, ``WORKER_DATABASE``, ``SYSTEM_DATABASE``).
+Each app declares its tables' privileges as ``TABLE_PRIVILEGES`` in its models module, and
+:func:`matrix` collects them, as Django's admin discovers ``admin`` modules: tenancy names no
+table of the apps above it. docs/roles.md ("Grants follow the migrations") says who applies it.
 """
 
 from __future__ import annotations
@@ -44,39 +30,22 @@ KINDS = (APP, WORKER, SYSTEM)
 TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
 DML = ("SELECT", "INSERT", "UPDATE", "DELETE")
 
-#: One app's declaration: table -> role kind -> privileges. No TRUNCATE anywhere.
-#: What a declaration leaves out is revoked. The kinds (docs/roles.md):
-#:
-#: - app (the web process, receivers): DML under RLS on tenant tables; the
-#:   outbox is append-only; nothing on the shared delivery state (offsets,
-#:   leases) nor on the consumers' failures.
-#: - worker (consumers, relays): RLS-bound too; the only role that may lock
-#:   (``FOR UPDATE`` needs UPDATE), advance and lease offsets; handlers may
-#:   publish and park, as their message's tenant.
-#: - system (cross-tenant reads and upkeep, BYPASSRLS): reads the stream,
-#:   offsets, failures and dead letters; deletes what retention and the
-#:   reaper delete; updates keys (the reaper's give-up) and its lease.
+#: One app's declaration: table -> role kind -> privileges (what it leaves out is revoked;
+#: docs/roles.md says what each kind does).
 TablePrivileges = dict[str, dict[str, tuple[str, ...]]]
 
 #: The name of the declaration in an app's models module.
 DECLARATION = "TABLE_PRIVILEGES"
 
-#: tenancy's own rows: Django's record of applied migrations, read through
-#: every alias (makemigrations' consistency check, showmigrations, runserver's
-#: start-up check, the test runner); only the owner, who runs migrate, writes
-#: it. Applied with every app's post_migrate: tenancy has no models of its own.
+#: tenancy's own rows: Django's record of applied migrations, read through every alias (the
+#: consistency checks, the test runner), written by the owner only.
 OWN: TablePrivileges = {
     "django_migrations": {APP: ("SELECT",), WORKER: ("SELECT",), SYSTEM: ("SELECT",)},
 }
 
 
 def matrix() -> dict[str, TablePrivileges]:
-    """app label -> its tables' privileges: tenancy's own, and each installed app's declaration.
-
-    An app declares ``TABLE_PRIVILEGES`` in its models module; the library's
-    apps do (``idempotency``, ``outbox``). Their tables are governed exactly:
-    what a declaration leaves out is revoked.
-    """
+    """app label -> its tables' privileges: tenancy's own, and each installed app's declaration."""
     rows: dict[str, TablePrivileges] = {"tenancy": OWN}
     for config in apps.get_app_configs():
         declared = getattr(config.models_module, DECLARATION, None)
@@ -86,12 +55,8 @@ def matrix() -> dict[str, TablePrivileges]:
 
 
 def governed_apps() -> frozenset[str]:
-    """The apps whose tables the matrix governs: tenancy and every app that declares its own.
-
-    Their policies ship in their own SQL migrations and their queries name
-    their alias themselves; every other app is yours (``GRANT_PROJECT_TABLES``,
-    policies written by ``makemigrations``).
-    """
+    """The apps whose tables the matrix governs (their policies ship in their own migrations);
+    every other app is yours (``GRANT_PROJECT_TABLES``, policies written by makemigrations)."""
     return frozenset(matrix())
 
 
@@ -164,17 +129,9 @@ def closed_tables() -> list[str]:
 def project_tables(
     app_labels: Iterable[str] | None = None,
 ) -> dict[str, dict[str, tuple[str, ...]]]:
-    """Your apps' tables, when ``TENANCY["GRANT_PROJECT_TABLES"]`` is on.
-
-    DML to the app role and the worker role on the ``tenant_isolated`` ones
-    (row-level security; consumers' handlers write them), and to the app role
-    on those ``TENANCY["SHARED_TABLES"]`` names. A table with neither would put
-    every tenant's rows in reach of a query that forgets its tenant (or of SQL
-    injected into any tenant's request): it is not opened
-    (:func:`closed_tables`, check ``tenancy.W040``). Nothing is revoked on
-    your tables: grants you add by hand stay. (Django's ``django_migrations``
-    is in :data:`OWN`, tenancy's.)
-    """
+    """Your apps' tables, when ``TENANCY["GRANT_PROJECT_TABLES"]`` is on (docs/roles.md, "Your
+    own tables"): DML to the app and worker roles on the tenant-isolated ones, to the app role
+    on the shared ones; nothing on the others (:func:`closed_tables`), nothing revoked."""
     if not tenancy_settings.GRANT_PROJECT_TABLES:
         return {}
     wanted = None if app_labels is None else set(app_labels)
@@ -194,14 +151,9 @@ def project_tables(
 
 
 def worker_tables() -> frozenset[str]:
-    """The tables the matrix opens to the worker role and not to the app role.
-
-    The ORM's queries on their models go to the worker alias
-    (:class:`tenancy.routers.AppDatabaseRouter`): django-tasks-db's queue,
-    which holds every tenant's envelopes with no tenant column, is enqueued
-    to and worked through as the worker role, never the web role. Asked by
-    the router for every query: worked out once per set of installed apps.
-    """
+    """The tables the matrix opens to the worker role and not to the app role (django-tasks-db's
+    queue), whose ORM queries the router sends to the worker alias: worked out once per set of
+    installed apps, as the router asks for every query."""
     return _worker_tables(tuple(config.label for config in apps.get_app_configs()))
 
 
@@ -245,12 +197,7 @@ def statements(
     roles: dict[str, str] | None = None,
     schema: str = "public",
 ) -> list[str]:
-    """The SQL that applies the matrix: what ``grant_privileges --print`` prints.
-
-    For each table the matrix governs (the library's, and Django's
-    ``django_migrations``): nothing for ``PUBLIC``, and for each role exactly
-    its privileges; for your tables (``GRANT_PROJECT_TABLES``) the grants only.
-    """
+    """The SQL that applies the matrix: what ``grant_privileges --print`` prints."""
     names = role_names() if roles is None else roles
     found = grants(app_labels, names)
     if not found:
@@ -307,16 +254,10 @@ def owns_tables(using: str, app_labels: Iterable[str] | None = None) -> bool:
 def apply(using: str, app_labels: Iterable[str] | None = None) -> list[str]:
     """Bring the privileges on ``using`` (the owner's alias) to the matrix, in one transaction.
 
-    Only what differs is changed: a (table, role) whose privileges already are
-    the matrix's gets no statement, so running it again runs nothing. A table
-    the matrix governs loses what ``PUBLIC`` was granted on it, and each role
-    gets exactly its privileges there (``REVOKE ALL``, then ``GRANT``); your
-    tables only gain what is missing. Tables that do not exist yet are
-    skipped; so are roles that do not exist (the check reports them). Returns
-    the statements run.
+    Only what differs is changed, so running it again runs nothing; your tables only gain what
+    is missing. Tables and roles that do not exist are skipped. Returns the statements run.
     """
     labels = None if app_labels is None else list(app_labels)
-    run: list[str] = []
     with transaction.atomic(using=using):
         schema = fetch_one(using, SQL["current_schema"])[0]
         names = _present(using, role_names())
@@ -324,7 +265,7 @@ def apply(using: str, app_labels: Iterable[str] | None = None) -> list[str]:
         existing = _existing(using, [g.table for g in found])
         found = [g for g in found if g.table in existing]
         if not found:
-            return run
+            return []
         todo = []
         lacking = sorted(row[0] for row in fetch_all(
             using, SQL["roles_without_schema_usage"], {"roles": sorted(set(names.values()))}))
@@ -344,8 +285,7 @@ def apply(using: str, app_labels: Iterable[str] | None = None) -> list[str]:
                 todo.extend(_grant_lines(grant, set(grant.privileges) - has))
         for statement in todo:
             affected(using, statement)
-            run.append(statement)
-    return run
+    return todo
 
 
 @dataclass(frozen=True)
@@ -366,13 +306,8 @@ class Finding:
 
 
 def compare(using: str) -> list[Finding]:
-    """Each role's privileges on each table the matrix governs, against the matrix.
-
-    Effective privileges (``has_table_privilege``: granted to the role, to a
-    role it belongs to, or to PUBLIC). Tables not migrated yet and roles that
-    do not exist are left out. Project tables (the opt-in) are checked for
-    missing privileges only.
-    """
+    """Each role's effective privileges on each table the matrix governs, against the matrix
+    (project tables: missing ones only). Missing tables and roles are left out."""
     names = role_names()
     found = grants(None, names)
     if not found:
@@ -400,14 +335,8 @@ def grant_after_migrate(
 ) -> None:
     """``post_migrate``: bring an app's rows of the matrix to the database, as their owner.
 
-    Connected by ``TenancyConfig.ready()``. Django sends the signal once per
-    app (with models) after every ``migrate``, also when nothing was left to
-    migrate, so a ``migrate`` converges a database that an earlier release or
-    a hand-written grant list set up. The library's apps get exactly the
-    matrix, your apps what ``GRANT_PROJECT_TABLES`` grants (if on), and
-    tenancy's rows (Django's ``django_migrations``) come with every app, as
-    tenancy has no models to be sent the signal for. A migrate run by a role
-    that does not own the tables grants nothing (it could not).
+    Django sends it for every app with models after every ``migrate``, also when nothing was
+    left to migrate; tenancy has none, so its rows come with every app's.
     """
     label = getattr(app_config, "label", None)
     if label is None or using not in settings.DATABASES:
@@ -420,20 +349,9 @@ def grant_after_migrate(
         print(f"  Applied {len(run)} privilege statement(s) for {label} (docs/roles.md)")
 
 
-# --- the database: no temporary objects for the app and worker roles --------------------
-#
-# A piece of its own, beside the tables' matrix: privileges on the database,
-# not on a table. PostgreSQL gives every role TEMPORARY on a new database
-# (through PUBLIC). A temporary table lives as long as its server session, and
-# the session's temporary schema is searched first for table names unless
-# search_path names it: left in a pooled server session by one borrower, a
-# temporary table called like one of the library's (or yours) would take its
-# place for the next borrower, another tenant's request. The library pins its
-# own names (tenancy.context.search_path_sql); taking TEMPORARY away from the
-# roles whose sessions serve tenants makes such a table impossible in the first
-# place, for your queries outside tenant_context() too.
-
-#: The kinds whose roles must not create temporary objects.
+#: The kinds whose roles must not create temporary objects: a temporary table left in a pooled
+#: server session would take the place of a table of its name for the next borrower
+#: (docs/roles.md, "Temporary tables").
 NO_TEMPORARY = (APP, WORKER)
 
 
@@ -445,15 +363,8 @@ def database_name() -> str:
 def database_statements(
     database: str | None = None, roles: dict[str, str] | None = None
 ) -> list[str]:
-    """The SQL that takes ``TEMPORARY`` away from the app and worker roles.
-
-    From ``PUBLIC`` (where they have it by default) and from the roles
-    themselves (should it have been granted to them); nothing is granted.
-    Other roles that need temporary tables (a reporting role, say) are
-    given ``TEMPORARY`` by name. Only the database's owner (or a superuser)
-    can run these: ``migrate`` and ``grant_privileges`` do when they connect
-    as it, ``grant_privileges --print`` prints them for whoever does.
-    """
+    """The SQL that takes ``TEMPORARY`` away from the app and worker roles (from ``PUBLIC`` and
+    from themselves), for the database's owner to run."""
     names = role_names() if roles is None else roles
     targets = list(dict.fromkeys(names[k] for k in NO_TEMPORARY if k in names))
     database = database_name() if database is None else database
@@ -467,12 +378,8 @@ def database_statements(
 
 
 def temporary_holders(using: str) -> list[tuple[str, str]]:
-    """``(kind, role)`` of the app and worker roles that can create temporary tables.
-
-    Effective privileges (``has_database_privilege``: granted to the role,
-    to a role it belongs to, or to PUBLIC), in the alias's database. Roles
-    that do not exist are left out.
-    """
+    """``(kind, role)`` of the existing app and worker roles that can create temporary tables
+    in the alias's database (effective privileges: their own, inherited or PUBLIC's)."""
     names = {k: r for k, r in role_names().items() if k in NO_TEMPORARY}
     if not names:
         return []
@@ -489,13 +396,8 @@ def owns_database(using: str) -> bool:
 
 
 def apply_database(using: str) -> list[str] | None:
-    """Take ``TEMPORARY`` away from the app and worker roles in ``using``'s database.
-
-    Returns the statements run (none when no role holds it any more), or
-    None when ``using``'s role may not (not the database's owner): then
-    ``grant_privileges --print`` shows what its owner should run, and check
-    ``tenancy.E030`` reports the roles until it is done.
-    """
+    """Take ``TEMPORARY`` away from the app and worker roles in ``using``'s database: the
+    statements run, or None when ``using``'s role may not (not the database's owner)."""
     if not temporary_holders(using):
         return []
     if not owns_database(using):
@@ -511,11 +413,7 @@ def revoke_temporary_after_migrate(
     sender: object, app_config: object = None, using: str = "default", verbosity: int = 1,
     **kwargs: object,
 ) -> None:
-    """``post_migrate``: apply :func:`apply_database` when migrate ran as the database's owner.
-
-    Connected by ``TenancyConfig.ready()``; runs after the library's apps'
-    migrations (and does nothing once no role holds the privilege).
-    """
+    """``post_migrate``: :func:`apply_database`, after the library's apps' migrations."""
     label = getattr(app_config, "label", None)
     if label is None or label not in governed_apps() or using not in settings.DATABASES:
         return

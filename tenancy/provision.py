@@ -1,20 +1,8 @@
 """The four roles and the database of a deployment, created from a superuser's connection.
 
-``manage.py create_roles`` (docs/commands.md) is a thin layer over
-:func:`provision` and :func:`script`. The names come from the settings: the
-role of each kind is what the grants use (``TENANCY["ROLES"]``, else the
-``USER`` of its alias), the database is the owner alias's ``NAME``.
-
-- Idempotent: what exists as the design requires is left alone, and said so;
-  a role whose attributes differ is altered to them (an app role with
-  ``BYPASSRLS`` would see every tenant); passwords of roles that exist are
-  never changed.
-- No password is ever shown or sent: a new role's password is the alias's
-  ``PASSWORD`` when the settings give one, else the one its libpq password
-  file (the alias's ``OPTIONS["passfile"]``) holds for it, else a new random
-  one written there first (mode 0600). The server gets a SCRAM-SHA-256
-  verifier computed here, as psql's ``\\password`` sends one, so neither
-  the server's logs nor ``--print``'s output hold a password.
+``manage.py create_roles`` is a thin layer over :func:`provision` and :func:`script`;
+docs/commands.md says what it does, and where each password comes from. No password is
+ever shown or sent: the server gets a SCRAM-SHA-256 verifier computed here.
 """
 
 from __future__ import annotations
@@ -41,14 +29,13 @@ from tenancy.privileges import quote, role_names
 
 #: Role attributes each kind must have (pg_roles column -> wanted). The owner
 #: needs CREATEDB for the test database of ``manage.py test`` only.
+_UNPRIVILEGED = {"rolcanlogin": True, "rolsuper": False, "rolbypassrls": False,
+                 "rolcreatedb": False, "rolcreaterole": False, "rolreplication": False}
 REQUIRED: dict[str, dict[str, bool]] = {
     "owner": {"rolcanlogin": True, "rolcreatedb": True},
-    "app": {"rolcanlogin": True, "rolsuper": False, "rolbypassrls": False,
-            "rolcreatedb": False, "rolcreaterole": False, "rolreplication": False},
-    "worker": {"rolcanlogin": True, "rolsuper": False, "rolbypassrls": False,
-               "rolcreatedb": False, "rolcreaterole": False, "rolreplication": False},
-    "system": {"rolcanlogin": True, "rolsuper": False, "rolbypassrls": True,
-               "rolcreatedb": False, "rolcreaterole": False, "rolreplication": False},
+    "app": _UNPRIVILEGED,
+    "worker": _UNPRIVILEGED,
+    "system": {**_UNPRIVILEGED, "rolbypassrls": True},
 }
 _KEYWORDS = {
     "rolcanlogin": ("LOGIN", "NOLOGIN"),
@@ -155,8 +142,7 @@ def target(owner_alias: str) -> Target:
 
 
 def refuse_truncated(what: str, name: str) -> None:
-    """Raise ConfigurationError when PostgreSQL would truncate ``name`` (over 63 bytes):
-    a role created under the cut name would not be found again by its whole name."""
+    """Refuse a name PostgreSQL would cut: a role made under it would not be found again."""
     size = len(name.encode("utf-8"))
     if size > MAX_NAME_BYTES:
         raise ConfigurationError(
@@ -164,9 +150,6 @@ def refuse_truncated(what: str, name: str) -> None:
             "name and would cut the rest, so the next run would look for another name. Choose "
             f"a name of at most {MAX_NAME_BYTES} bytes."
         )
-
-
-# --- what create_roles made, and how a role differs from it --------------------------------
 
 
 @dataclass(frozen=True)
@@ -270,9 +253,7 @@ def literal(value: str) -> str:
 def drift(kind: str, role: str, shape: Shape) -> list[Drift]:
     """How ``role`` (of ``kind``: app, worker or system) differs from what create_roles makes:
     the required attributes, no connection limit or expiry, and exactly
-    ``TENANCY["ROLE_SETTINGS"][kind]`` as the settings its sessions start with in the
-    database (its own, ``ALTER ROLE ... SET``, under the database's, ``ALTER ROLE ... IN
-    DATABASE ... SET``, which win)."""
+    ``TENANCY["ROLE_SETTINGS"][kind]`` in the database (where a database's settings win)."""
     from tenancy.conf import tenancy_settings
 
     found: list[Drift] = []
@@ -299,9 +280,8 @@ def drift(kind: str, role: str, shape: Shape) -> list[Drift]:
 
 
 def role_drift(using: str) -> list[Drift]:
-    """How the app, worker and system roles named in settings differ from what create_roles
-    makes, as seen through ``using`` (any alias: the catalogs are readable by every role).
-    A role that does not exist is left out."""
+    """:func:`drift` of each role the settings name that exists, seen through ``using`` (any
+    alias: the catalogs are readable by every role)."""
     from tenancy.context import SQL
     from tenancy.statements import fetch_all
 
@@ -310,9 +290,6 @@ def role_drift(using: str) -> list[Drift]:
                              {"roles": sorted(set(names.values())), "database": None}))
     return [d for kind, role in names.items() if role in found
             for d in drift(kind, role, found[role])]
-
-
-# --- passwords ------------------------------------------------------------------------------
 
 
 def _unescape(field_text: str) -> str:
@@ -381,22 +358,13 @@ def password_for(kind: str, role: str, alias: str) -> Password:
 
 
 def saslprep(password: str) -> bytes:
-    """SASLprep (RFC 4013) exactly as PostgreSQL applies it to a SCRAM password.
+    """SASLprep (RFC 4013) exactly as PostgreSQL's ``pg_saslprep()`` (src/common/saslprep.c)
+    applies it, so that a verifier computed here is the one the server computes at login.
 
-    PostgreSQL's ``pg_saslprep()`` (src/common/saslprep.c), which the server
-    and libpq share, step by step, so that a verifier computed here is the one
-    the server computes when the password logs in:
-
-    1. ASCII passes unchanged.
-    2. Map: a non-ASCII space (table C.1.2, U+200B ZERO WIDTH SPACE among them)
-       becomes a space *before* anything is mapped to nothing (table B.1,
-       which lists U+200B too): taken the other way round, a password with
-       U+200B would never log in.
-    3. Nothing left: the raw bytes are used.
-    4. Normalize the mapped string to NFKC: that is the result.
-    5. Prohibited characters and the bidirectional rule are checked on the
-       *mapped* string, before normalization, as PostgreSQL does; either
-       failing makes PostgreSQL (and this) use the raw bytes instead.
+    Its order matters: a non-ASCII space (table C.1.2, U+200B among them) becomes a space
+    *before* anything is mapped to nothing (table B.1 lists U+200B too), or a password with
+    U+200B would never log in; prohibited characters and the bidirectional rule are checked
+    on the mapped string before NFKC; a failing check means the raw bytes, as in PostgreSQL.
     """
     raw = password.encode("utf-8")
     if password.isascii():
@@ -437,9 +405,6 @@ def scram_verifier(password: str, *, salt: bytes | None = None, iterations: int 
     return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
 
 
-# --- the plan -------------------------------------------------------------------------------
-
-
 def _attributes(kind: str, current: dict[str, bool] | None = None) -> list[str]:
     """The keywords of ``kind``'s required attributes (only those that differ from ``current``)."""
     return [
@@ -462,14 +427,9 @@ def plan(
 ) -> Plan:
     """What to do to reach ``goal`` from the catalog state given (empty: a new server).
 
-    ``known(kind)`` says where the password of an existing role is kept, or
-    None when the settings and the password file have none: then the alias
-    cannot log in where the server asks for a password, and the plan warns
-    (an existing role's password is never changed here). ``shaped`` (by role)
-    gives the existing roles' connection limits, expiry and settings: what
-    differs from what this makes (:func:`drift`) is put back. The system role
-    is made a member of ``pg_read_all_stats`` unless it is one of
-    ``stats_readers``: status and health then name what holds delivery back.
+    ``known(kind)`` says where an existing role's password is kept (None: nowhere, and the plan
+    warns; an existing role's password is never changed here). ``shaped`` (by role) gives the
+    existing roles' shapes: their :func:`drift` is put back.
     """
     from tenancy.conf import tenancy_settings
 
@@ -546,9 +506,7 @@ def plan(
 
 
 def _password_source(goal: Target) -> Callable[[str], Password]:
-    def source(kind: str) -> Password:
-        return password_for(kind, goal.roles[kind], goal.aliases[kind])
-    return source
+    return lambda kind: password_for(kind, goal.roles[kind], goal.aliases[kind])
 
 
 def _known_password(goal: Target) -> Callable[[str], str | None]:

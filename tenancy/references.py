@@ -1,29 +1,10 @@
-"""References between tenant-isolated models that stay within one tenant.
+"""References between tenant-isolated models that stay within one tenant (docs/roles.md).
 
-PostgreSQL checks a foreign key without row-level security: with a plain
-``ForeignKey`` (a constraint on ``order_id`` alone), a refund of tenant 2 may
-name tenant 1's order, and whether its ``INSERT`` is refused tells tenant 2
-which order ids exist. :class:`TenantForeignKey` is a ``ForeignKey`` whose
-constraint in the database is ``(tenant_id, order_id)`` referencing
-``(tenant_id, id)``: the row's own tenant, which the policy's ``WITH CHECK``
-holds to the current one, is part of the reference, so a row can name only
-its own tenant's rows, and another tenant's look exactly like ids that do not
-exist.
-
-Django (5.2, 6.0) cannot declare a composite foreign key, so the field turns
-its own single-column constraint off (``db_constraint=False``) and
-:func:`declare_references` (``TenancyConfig.ready()``) adds two constraints
-that ``makemigrations`` writes, as :mod:`tenancy.policies` does for policies:
-
-- :class:`TenantReference` on the referring model: the composite foreign key,
-  ``DEFERRABLE INITIALLY DEFERRED`` like Django's own, added once the rest of
-  its migration has run (so that the key it needs exists);
-- :class:`TenantKey` on the referred model: ``UNIQUE (tenant_id, id)``, which
-  a foreign key on two columns needs; dropped after the references to it.
-
-:func:`check_references` warns about a plain foreign key from a
-tenant-isolated model of yours to another (``tenancy.W047``) and refuses a
-``TenantForeignKey`` that cannot be made tenant-consistent (``tenancy.E048``).
+PostgreSQL checks a foreign key without row-level security, so a plain one lets a row name
+another tenant's, and a refused write tells which ids exist. Django cannot declare a composite
+foreign key: :class:`TenantForeignKey` turns its own constraint off, and
+:func:`declare_references` adds :class:`TenantReference` (``(tenant_id, <column>)``) and its
+target's :class:`TenantKey` (``UNIQUE (tenant_id, id)``) where ``makemigrations`` sees them.
 """
 
 from __future__ import annotations
@@ -164,12 +145,8 @@ def _declarable(field: TenantForeignKey) -> bool:
 
 
 def declare_references() -> None:
-    """Give each :class:`TenantForeignKey` its reference, and its target its key.
-
-    Called once by ``TenancyConfig.ready()``, when every model is loaded; the
-    constraints join ``Meta.constraints``, where ``makemigrations`` and
-    ``migrate`` see them. A field that cannot have one is ``tenancy.E048``.
-    """
+    """Give each :class:`TenantForeignKey` its reference (in ``Meta.constraints``), and its
+    target its key; called by ``TenancyConfig.ready()``, once every model is loaded."""
     from django.apps import apps
 
     for model in apps.get_models():
@@ -179,8 +156,7 @@ def declare_references() -> None:
             table, column = model._meta.db_table, field.column
             _declare(model, TenantReference(
                 field=field.name, name=bounded(f"{table}_{column}_tenant_fk")))
-            target = field.related_model
-            key = field.target_field
+            target, key = field.related_model, field.target_field
             _declare(target, TenantKey(
                 fields=(TENANT_COLUMN, key.name),
                 name=bounded(f"{target._meta.db_table}_{key.column}_tenant_key"),

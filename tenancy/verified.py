@@ -1,14 +1,8 @@
 """The verified tenant context, on the database's side: keys and the mode switch.
 
-Every policy of the library compares ``tenant_id`` with
-``tenancy_current_tenant()`` (tenancy's migration 0001). In the plain mode
-that function returns the setting ``app.tenant_id``; in the verified mode it
-returns only the tenant named by a token whose MAC verifies for the current
-transaction (``tenancy_verified_tenant()``). The mode is the function's
-definition, so only its owner (the role that ran ``migrate``) switches it, and
-the keys live in a table only the owner can read. ``manage.py
-verified_context`` calls the functions below; docs/roles.md explains the
-design.
+The mode is the definition of ``tenancy_current_tenant()``, which every policy calls, so only
+its owner switches it; the keys live in a table only the owner reads. ``manage.py
+verified_context`` calls the functions below; docs/roles.md explains the design.
 """
 
 from __future__ import annotations
@@ -58,10 +52,6 @@ class Status:
     keys: list[InstalledKey]
 
 
-def _quoted_schema(using: str) -> str:
-    return str(fetch_one(using, SQL["quoted_schema"])[0])
-
-
 def database_mode(using: str) -> str | None:
     """"plain", "verified", or None when tenancy's migration has not run.
 
@@ -91,12 +81,8 @@ def status(using: str) -> Status:
 
 
 def accepts(using: str, key: ContextKey) -> bool:
-    """Does the database verify a token signed with ``key``?
-
-    Mints a token in a transaction of its own on ``using`` and asks
-    ``tenancy_verified_tenant()`` (whatever the mode): the end-to-end answer,
-    from any role.
-    """
+    """Does the database verify a token signed with ``key``? The end-to-end answer, from any
+    role and in either mode: a token minted and verified in a transaction rolled back."""
     with transaction.atomic(using=using):
         token = mint_token(key, _PROBE_TENANT, read_binding(connections[using]))
         tenant: int | None = fetch_one(using, SQL["verify_token"],
@@ -195,6 +181,7 @@ def disable(using: str) -> None:
 def _define(using: str, template: str) -> None:
     try:
         with transaction.atomic(using=using):
-            affected(using, template.format(schema=_quoted_schema(using)))
+            schema = fetch_one(using, SQL["quoted_schema"])[0]
+            affected(using, template.format(schema=schema))
     except DatabaseError as exc:
         raise ConfigurationError(f"Could not redefine tenancy_current_tenant(): {exc}") from exc
