@@ -120,6 +120,9 @@ class IdempotencyKeyAdmin(CrossTenantAdmin):
     list_filter = ["state", StuckFilter, ExpiredFilter, TenantFilter, ScopeFilter]
     search_fields = ["key", "request_path"]
     actions = None
+    #: The primary key's order: a page is an index read at any size (Django's default,
+    #: ``-key``, sorts the whole table).
+    ordering = ["tenant_id", "scope", "key"]
 
     @admin.display(description="key", ordering="key")
     def page(self, obj: IdempotencyKeyRecord) -> str:

@@ -1921,6 +1921,14 @@ CATALOGUE: list[Mutant] = [
          I_ADMIN + "test_staff_confined_to_a_tenant_see_only_its_keys"),
     ),
     mutant(
+        "admin.keys-sorted-whole", "idempotency.admin",
+        "the admin's key list reads a page along the primary key (an index read at any size)",
+        "idempotency/admin.py",
+        '    ordering = ["tenant_id", "scope", "key"]\n',
+        "",
+        (I_ADMIN + "test_the_list_reads_in_the_primary_keys_order",),
+    ),
+    mutant(
         "admin.job-escapes-confinement", "outbox.admin",
         "a confined staff user's job of everything matching covers only their tenants",
         "outbox/admin.py",

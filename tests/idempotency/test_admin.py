@@ -135,3 +135,13 @@ def test_the_row_count_stops_at_its_cap(staff, keys, monkeypatch):
     assert "3 idempotency keys" in text  # 4 keys: "more than 2"
     [count] = [q["sql"] for q in seen.captured_queries if "COUNT(" in q["sql"].upper()]
     assert "LIMIT 3" in count and "ORDER BY" not in count.upper()
+
+
+def test_the_list_reads_in_the_primary_keys_order(staff, keys):
+    with CaptureQueriesContext(connections[admin_alias()]) as seen:
+        assert staff.get(URL).status_code == 200
+    [listed] = [q["sql"] for q in seen.captured_queries if " ORDER BY " in q["sql"]]
+    assert listed.split(" ORDER BY ")[1].split(" LIMIT ")[0] == (
+        '"idempotency_keys"."tenant_id" ASC, "idempotency_keys"."scope" ASC, '
+        '"idempotency_keys"."key" ASC'
+    )
