@@ -402,10 +402,12 @@ def bench_publish(rounds: int, transactions: int, per: int = 100) -> dict[str, l
     from django.db import connections
 
     from bench.bench_idempotency import children, cpu_seconds, postmaster_pid
-    from outbox.store import _INSERT_MESSAGE
 
     create_plain_table()
-    plain_sql = _INSERT_MESSAGE.replace("outbox_messages", PLAIN_TABLE)
+    # outbox_publish()'s INSERT (outbox/sql/0009_publish_function.sql), sent as it is.
+    plain_sql = (f"INSERT INTO {PLAIN_TABLE} (tenant_id, message_id, topic, key, aggregate_type,"
+                 " aggregate_id, payload, headers) VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb,"
+                 " %s::jsonb)")
     tenant = TENANTS + 2
 
     def with_publish() -> None:
