@@ -1921,6 +1921,14 @@ CATALOGUE: list[Mutant] = [
          I_ADMIN + "test_staff_confined_to_a_tenant_see_only_its_keys"),
     ),
     mutant(
+        "reaper.autovacuum-as-shipped", "idempotency.reaper",
+        "migration idempotency.0010 sets the autovacuum settings docs/scaling.md recommends",
+        "idempotency/sql/0010_autovacuum.sql",
+        "    autovacuum_analyze_scale_factor = 0.02, ",
+        "    ",
+        (IDEM + "test_reaper.py::test_the_table_is_vacuumed_as_docs_scaling_recommends",),
+    ),
+    mutant(
         "admin.keys-sorted-whole", "idempotency.admin",
         "the admin's key list reads a page along the primary key (an index read at any size)",
         "idempotency/admin.py",

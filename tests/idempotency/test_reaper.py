@@ -18,6 +18,7 @@ from idempotency.reaper import ReaperRefused, reap_expired_keys
 from tenancy import tenant_context
 from tenancy.aliases import app_alias, system_alias
 from tests.helpers import count_rows, observer, wait_for_lock_wait
+from tests.live import ROOT
 from tests.idempotency.factories import KeyFactory, PendingKeyFactory
 
 
@@ -273,3 +274,16 @@ def test_the_reaper_pauses_between_batches_and_commits_them_asynchronously(monke
     async_batches = [s for s in statements if s == "SET LOCAL synchronous_commit = off"]
     assert len(async_batches) == 3  # one per batch (4 + 4 + 2 rows)
     assert session_value == "on"  # SET LOCAL: the session itself is untouched
+
+
+def test_the_table_is_vacuumed_as_docs_scaling_recommends():
+    """Migration 0010 sets on ``idempotency_keys`` the autovacuum settings that
+    docs/scaling.md measures and recommends, no more and no fewer."""
+    page = (ROOT / "docs" / "scaling.md").read_text()
+    block = page[page.index("ALTER TABLE idempotency_keys SET ("):]
+    documented = set(re.findall(r"(autovacuum_\w+ = [\d.]+)", block[: block.index(");")]))
+    with observer() as conn:
+        (options,) = conn.execute(
+            "SELECT reloptions FROM pg_class WHERE oid = 'idempotency_keys'::regclass"
+        ).fetchone()
+    assert documented and {o.replace("=", " = ") for o in options} == documented

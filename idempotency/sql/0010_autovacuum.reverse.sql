@@ -1,0 +1,4 @@
+ALTER TABLE idempotency_keys RESET (
+    autovacuum_vacuum_scale_factor, autovacuum_vacuum_threshold,
+    autovacuum_vacuum_insert_scale_factor, autovacuum_analyze_scale_factor,
+    autovacuum_vacuum_cost_delay);
