@@ -18,8 +18,8 @@ from idempotency.reaper import ReaperRefused, reap_expired_keys
 from tenancy import tenant_context
 from tenancy.aliases import app_alias, system_alias
 from tests.helpers import count_rows, observer, wait_for_lock_wait
-from tests.live import ROOT
 from tests.idempotency.factories import KeyFactory, PendingKeyFactory
+from tests.live import ROOT
 
 
 def make_keys(tenant_id: int, expired: int, live: int, pending_hours_ago: int = 0) -> None:
