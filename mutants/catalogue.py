@@ -377,6 +377,15 @@ CATALOGUE: list[Mutant] = [
         (OUTBOX + "test_backlog_counts.py",),
     ),
     mutant(
+        "fence.marks-matched-per-lock", "outbox.fence",
+        "an open publisher's many tenants are matched with their proofs in one pass",
+        "outbox/sql/0013_publishers_hashed.sql",
+        "ALTER FUNCTION outbox_publishers_v2() SET enable_nestloop = off;\n",
+        "",
+        (OUTBOX + "test_read_cost.py::"
+         "test_many_held_tenants_are_matched_with_their_proofs_in_one_pass",),
+    ),
+    mutant(
         "fence.held-at-bound-scanned", "outbox.fence",
         "a tenant held at an open publisher's bound costs a read nothing",
         "outbox/sql/0012_one_scan_read.sql",

@@ -7,7 +7,9 @@ past and keep each tenant's position (``consumer_offsets.held``). The read
 publisher's bound, and reads the held tenants that may move in the same scan
 as everyone else's messages. Counted in buffers (pages read), which do not
 depend on the machine's speed: the same read before 0012 scanned the ids
-once per held tenant (50 held: 50 times the pages).
+once per held tenant (50 held: 50 times the pages). Finding an open
+publisher's tenants (``outbox_publishers_v2()``) is counted in the rows its
+plan examines (outbox 0013).
 """
 
 from __future__ import annotations
@@ -79,3 +81,41 @@ def test_held_tenants_that_may_move_are_read_in_one_scan(held_by_an_open_transac
     first = [row[0] for row in conn.execute(
         "SELECT id FROM outbox_messages WHERE id > %s ORDER BY id LIMIT 1000", [lowest])]
     assert taken == first  # the held tenants' messages, in id order, none left out
+
+
+def rows_examined(conn, query: str) -> int:
+    """The rows every plan node of ``query`` and of the statements it runs (a function's
+    body) examined and dropped, counted by auto_explain: work, whatever the machine's speed."""
+    plans: list[dict] = []
+    conn.add_notice_handler(lambda notice: plans.append(
+        json.loads(notice.message_primary.split("plan:", 1)[1])["Plan"])
+        if "plan:" in (notice.message_primary or "") else None)
+    for setting in ("log_min_duration = 0", "log_analyze = on", "log_timing = off",
+                    "log_nested_statements = on", "log_format = json"):
+        conn.execute(f"SET auto_explain.{setting}")
+    conn.execute("SET client_min_messages = log")
+    conn.execute(query).fetchall()
+    conn.execute("SET client_min_messages = notice")
+
+    def dropped(node: dict) -> int:
+        own = node.get("Rows Removed by Filter", 0) + node.get("Rows Removed by Join Filter", 0)
+        return own * node.get("Actual Loops", 1) + sum(dropped(n) for n in node.get("Plans", []))
+
+    return sum(dropped(plan) for plan in plans)
+
+
+def test_many_held_tenants_are_matched_with_their_proofs_in_one_pass():
+    """One open transaction publishing for 2,000 tenants holds 4,000 advisory locks (a mark
+    and a proof each); finding its tenants examines each lock a few times (hash and merge
+    joins, outbox 0013), not once per mark (nested loops: 2,000 x 4,000)."""
+    held = 2000
+    with superuser() as conn, superuser() as job:
+        job.execute("BEGIN")
+        job.execute(INSERT, [1, held, held])
+        conn.execute("LOAD 'auto_explain'")
+        examined = rows_examined(conn, "SELECT * FROM outbox_publishers_v2()")
+        (found,) = conn.execute(
+            "SELECT count(DISTINCT tenant_id) FROM outbox_publishers_v2()").fetchone()
+        job.execute("ROLLBACK")
+    assert found == held
+    assert examined < 20 * held, examined
