@@ -377,6 +377,14 @@ CATALOGUE: list[Mutant] = [
         (OUTBOX + "test_backlog_counts.py",),
     ),
     mutant(
+        "fence.publishers-on-every-row", "outbox.fence",
+        "a read carries the publishers in flight on its first row only",
+        "outbox/sql/0012_one_scan_read.sql",
+        "CASE WHEN r.n = 1 THEN waiting END",
+        "waiting",
+        (OUTBOX + "test_read_cost.py::test_the_publishers_in_flight_come_once_a_batch",),
+    ),
+    mutant(
         "fence.marks-matched-per-lock", "outbox.fence",
         "an open publisher's many tenants are matched with their proofs in one pass",
         "outbox/sql/0013_publishers_hashed.sql",
