@@ -339,8 +339,8 @@ CATALOGUE: list[Mutant] = [
         "a search_path or temporary table a borrower leaves in a pooled session stops no relay,"
         " consumer, reaper or replay: every statement outside a tenant context pins its names",
         "tenancy/statements.py",
-        "        prefix(alias, search_path_sql(alias))",
-        "        pass",
+        "    prefix(alias, search_path_sql(alias))",
+        "    pass",
         ("tests/test_session_state.py", TENANCY + "test_pinned_names.py"),
     ),
     # --- outbox: the fence per tenant (SQL; the harness migrates the scratch copy) -----------
@@ -937,6 +937,22 @@ CATALOGUE: list[Mutant] = [
         "    return f\"SET LOCAL {GUC} = '{value}'\"",
         "    return f\"SET {GUC} = '{value}'\"",
         (TENANCY + "test_context.py", TENANCY + "test_isolation.py"),
+    ),
+    mutant(
+        "context.cursor-kind-kept", "tenancy.context",
+        "query logging started inside a tenant context sees the context's next statements",
+        "tenancy/context.py",
+        "            or isinstance(cursor, CursorDebugWrapper) != connection.queries_logged):",
+        "            ):",
+        (TENANCY + "test_statements.py",),
+    ),
+    mutant(
+        "context.cursor-left-open", "tenancy.context",
+        "the tenant context's shared cursor is closed when the context ends",
+        "tenancy/context.py",
+        "            cursor.close()",
+        "            pass",
+        (TENANCY + "test_statements.py",),
     ),
     # --- tenancy: pinned names (tests/tenancy/test_pinned_names.py) --------------------------
     mutant(

@@ -82,35 +82,30 @@ def publish(
         raise NoTenant(
             f"outbox.publish({topic!r}) needs a tenant: call it inside tenant_context(tenant_id)."
         )
-    if not isinstance(topic, str) or not topic or len(topic) > 200:
+    if not isinstance(topic, str) or not 0 < len(topic) <= 200:
         raise ValueError("outbox.publish(): topic must be a string of 1 to 200 characters")
+    aggregate = None if aggregate_id is None else str(aggregate_id)
     for name, value in (("key", key), ("aggregate_type", aggregate_type),
-                        ("aggregate_id", aggregate_id)):
+                        ("aggregate_id", aggregate)):
         if value is not None and len(str(value)) > 200:
             raise ValueError(f"outbox.publish(): {name} is longer than 200 characters")
     message_id = message_id or uuid.uuid4()
-    aggregate = None if aggregate_id is None else str(aggregate_id)
     fields = {"tenant_id": tenant_id, "message_id": message_id, "topic": topic, "key": key,
               "aggregate_type": aggregate_type, "aggregate_id": aggregate, "payload": payload}
     # Signed here when Debezium carries the messages (no relay signs them).
     signed = debezium.signed_headers(**fields, headers=tracing.inject(dict(headers or {})))
     store.insert_message(alias, **fields, headers=signed)
-    _kick_after_commit(connection, alias)
+    if not any(entry[1] is _kick for entry in connection.run_on_commit):
+        # One wake-up per transaction, however many messages it publishes.
+        # Django drops the hooks of a rolled-back transaction or savepoint, so
+        # looking for ours among the pending hooks is always accurate. Django
+        # has no public way to ask; its pending hooks are (savepoint ids,
+        # callable, robust) tuples, which tests/outbox/test_upstream.py pins.
+        transaction.on_commit(_kick, using=alias)
     if metrics.instruments() is not None:
         # Counted when it commits: a rolled-back savepoint drops the hook.
         transaction.on_commit(lambda: metrics.published(topic), using=alias)
     return message_id
-
-
-def _kick_after_commit(connection: Any, alias: str) -> None:
-    # One wake-up per transaction, however many messages it publishes. Django
-    # drops the hooks of a rolled-back transaction or savepoint, so looking
-    # for ours among the pending hooks is always accurate. Django has no
-    # public way to ask; its pending hooks are (savepoint ids, callable,
-    # robust) tuples, which tests/outbox/test_upstream.py pins.
-    if any(entry[1] is _kick for entry in connection.run_on_commit):
-        return
-    transaction.on_commit(_kick, using=alias)
 
 
 def _kick() -> None:

@@ -7,11 +7,12 @@ import hmac
 import threading
 import weakref
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from decimal import Decimal
 from typing import Any
 
 from django.db import connections, transaction
+from django.db.backends.utils import CursorDebugWrapper
 
 from django_idempotency_outbox.errors import ConfigurationError
 from django_idempotency_outbox.sqlfiles import queries
@@ -60,6 +61,37 @@ def _stack(connection: Any) -> list[int]:
         with _stacks_lock:
             stack = _stacks.setdefault(connection, [])
     return stack
+
+
+#: The Django cursor the library's statements share inside a transaction's tenant
+#: contexts, per connection wrapper; closed when the first context leaves.
+_cursors: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def context_cursor(connection: Any) -> Any:
+    """The cursor for the library's statements inside a :func:`tenant_context`, or None outside one.
+
+    One Django cursor per transaction rather than one per statement (making a
+    cursor costs about as much Python as sending a statement): execute
+    wrappers and query logging see every statement as they would on a new
+    cursor, because a new one is made whenever Django would make another
+    kind (``CaptureQueriesContext`` entered, the connection opened anew).
+    """
+    if not connection.in_atomic_block or not _stack(connection):
+        return None
+    cursor = _cursors.get(connection)
+    if (cursor is None or cursor.cursor.closed
+            or cursor.cursor.connection is not connection.connection
+            or isinstance(cursor, CursorDebugWrapper) != connection.queries_logged):
+        cursor = _cursors[connection] = connection.cursor()
+    return cursor
+
+
+def _close_cursor(connection: Any) -> None:
+    cursor = _cursors.pop(connection, None)
+    if cursor is not None:
+        with suppress(connection.Database.Error):  # as Django's cursor does on leaving a block
+            cursor.close()
 
 
 def set_tenant_sql(tenant_id: int | None) -> str:
@@ -333,27 +365,33 @@ def tenant_context(tenant_id: int, *, using: str | None = None) -> Iterator[int]
     # caller's first statement. The block holds what its caller holds.
     caller_holds = is_holding(alias)
     opening = outermost and tenancy_settings.VERIFIED_CONTEXT is not None
-    with holding(alias, caller_holds or opening), transaction.atomic(using=alias):
-        stack = _stack(connection)
-        if outermost:
-            stack.clear()  # left over from a transaction that ended under us
-        previous = stack[-1] if stack else None
-        switch = previous != tenant_id
-        if switch:
-            # The first context of a transaction reads its binding afresh;
-            # contexts inside it share that transaction, and the binding.
-            _set(connection, tenant_id, fresh=not stack)
-        stack.append(tenant_id)
-        try:
-            with holding(alias, caller_holds):
-                yield tenant_id
-        except BaseException:
-            # Our atomic block rolls back; the setting reverts with it.
+    first = True
+    try:
+        with holding(alias, caller_holds or opening), transaction.atomic(using=alias):
+            stack = _stack(connection)
+            if outermost:
+                stack.clear()  # left over from a transaction that ended under us
+            first = not stack
+            previous = stack[-1] if stack else None
+            switch = previous != tenant_id
+            if switch:
+                # The first context of a transaction reads its binding afresh;
+                # contexts inside it share that transaction, and the binding.
+                _set(connection, tenant_id, fresh=first)
+            stack.append(tenant_id)
+            try:
+                with holding(alias, caller_holds):
+                    yield tenant_id
+            except BaseException:
+                # Our atomic block rolls back; the setting reverts with it.
+                stack.pop()
+                raise
             stack.pop()
-            raise
-        stack.pop()
-        if switch and not outermost and not connection.needs_rollback:
-            _set(connection, previous)
+            if switch and not outermost and not connection.needs_rollback:
+                _set(connection, previous)
+    finally:
+        if first:
+            _close_cursor(connection)
 
 
 def current_tenant_id(using: str | None = None) -> int | None:

@@ -4,9 +4,11 @@ Every statement of the library comes from an app's query file
 (:func:`django_idempotency_outbox.sqlfiles.queries`) and goes out through
 :func:`execute`: a Django cursor of the alias, so that execute wrappers,
 query logging and ``CaptureQueriesContext`` (and the tools built on them)
-see it. Nothing is prepared, nothing is kept per connection: the hot
-statements call PL/pgSQL functions, whose plans PostgreSQL keeps per server
-session where no other SQL can reach them.
+see it. Nothing is prepared: the hot statements call PL/pgSQL functions,
+whose plans PostgreSQL keeps per server session where no other SQL can reach
+them. Inside a tenant context the statements share one cursor, the
+transaction's (:func:`tenancy.context.context_cursor`): making a Django cursor
+costs about as much Python as sending a statement.
 
 Names are pinned: a statement sent outside a tenant context (which pins its
 transaction's names, :func:`tenancy.context.search_path_sql`) is preceded,
@@ -25,28 +27,36 @@ one. Elsewhere a held statement is simply sent.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from django.db import connections
 
-from tenancy.context import current_tenant_id, prefix, search_path_sql
+from tenancy.context import context_cursor, prefix, search_path_sql
 
 
-@contextmanager
-def execute(alias: str, sql: str, params: Any = None) -> Iterator[Any]:
+def execute(alias: str, sql: str, params: Any = None) -> AbstractContextManager[Any]:
     """Send ``sql``, one statement, on ``alias``; the block reads its result from the cursor.
 
-    Outside a tenant context of ``alias`` the pin goes first, in the same
-    message (:func:`tenancy.context.prefix`). Inside one the names are pinned
-    already.
+    Inside a tenant context of ``alias`` the names are pinned already, and the
+    statement goes through the transaction's cursor
+    (:func:`tenancy.context.context_cursor`). Outside one the pin goes first,
+    in the same message (:func:`tenancy.context.prefix`), on a cursor that
+    the block's end closes.
     """
-    if current_tenant_id(alias) is None:
-        prefix(alias, search_path_sql(alias))
-    with connections[alias].cursor() as cursor:
+    connection = connections[alias]
+    cursor = context_cursor(connection)
+    if cursor is not None:
         cursor.execute(sql, params)
-        yield cursor
+        return nullcontext(cursor)
+    prefix(alias, search_path_sql(alias))
+    cursor = connection.cursor()
+    try:
+        cursor.execute(sql, params)
+    except BaseException:
+        cursor.close()
+        raise
+    return cursor  # Django's cursor: the block's end closes it
 
 
 def fetch_one(alias: str, sql: str, params: Any = None) -> Any:

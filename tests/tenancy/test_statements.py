@@ -172,6 +172,44 @@ def test_every_statement_is_seen_by_djangos_execute_wrappers_and_query_log():
     assert [s for s in seen if s.startswith("SAVEPOINT")], seen  # Django's, held, still seen
 
 
+def test_a_tenant_contexts_statements_share_one_cursor_closed_when_it_ends():
+    """Inside a tenant context the library's statements go through one Django cursor,
+    the transaction's: publish() makes no cursor a message. It is closed when the
+    context ends."""
+    used: list[object] = []
+
+    def spy(execute, sql, params, many, context):  # noqa: ANN001, ANN202
+        if "outbox_publish(" in sql:
+            used.append(context["cursor"])
+        return execute(sql, params, many, context)
+
+    with connections[app_alias()].execute_wrapper(spy), tenant_context(A):
+        for n in range(5):
+            publish("order.placed", {"n": n})
+        with tenant_context(B):  # a context inside it: the same transaction, the same cursor
+            publish("order.placed", {"n": 5})
+        assert len(used) == 6 and len({id(cursor) for cursor in used}) == 1
+        assert not used[0].closed
+    assert used[0].closed
+    assert count_rows("outbox_messages") == 6
+
+
+def test_query_logging_started_inside_a_tenant_context_sees_its_next_statements():
+    """CaptureQueriesContext (assertNumQueries, the debug toolbar) started after the
+    context's first statement sees the ones after it: the shared cursor is made again
+    as the logging kind; and the plain kind again when logging stops."""
+    connection = connections[app_alias()]
+    with tenant_context(A):
+        publish("order.placed", {"n": 1})
+        with CaptureQueriesContext(connection) as captured:
+            publish("order.placed", {"n": 2})
+        publish("order.placed", {"n": 3})
+        with CaptureQueriesContext(connection) as again:
+            publish("order.placed", {"n": 4})
+    assert [q["sql"] for q in captured.captured_queries if "outbox_publish(" in q["sql"]]
+    assert len(captured.captured_queries) == 1 and len(again.captured_queries) == 1
+
+
 @direct_only
 def test_a_column_type_a_migration_changed_is_read_again_by_the_open_sessions(fresh):
     """A migration that changes a column of the key's row while connections stay open
