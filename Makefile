@@ -25,6 +25,8 @@
 #                           and Django 6.0 is test-django60's)
 #   make test-django60      tox's django60 environment (Django 6.0) on a Python >= 3.12,
 #                           or a plain line saying why it did not run (a failure in CI)
+#   make tox-envs           both tox environments made, no test run (CI makes them while
+#                           make test runs; then TOX_RECREATE= reuses them)
 #   make test-verified      the same suites in the verified tenant context (DIO_VERIFIED_CONTEXT=1:
 #                           the key installed and the mode on, docs/roles.md)
 #   make dist               sdist and wheel into dist/ (DIST=dir: elsewhere), twine check,
@@ -120,9 +122,12 @@ test-variants: $(STAMP)
 # rather than being skipped: a step that cannot run must not pass.
 TOX_STRICT := $(if $(CI),--skip-missing-interpreters false)
 
+# TOX_RECREATE= reuses an environment made by `make tox-envs` (CI makes them beside make test).
+TOX_RECREATE ?= --recreate
+
 .PHONY: test-matrix
 test-matrix: $(TOX_STAMP)
-	@$(BIN)/tox --recreate -e oldest $(TOX_STRICT) $(TOX_ARGS)
+	@$(BIN)/tox $(TOX_RECREATE) -e oldest $(TOX_STRICT) $(TOX_ARGS)
 
 # Django 6.0 (tox's django60 environment) needs Python >= 3.12: the first one found
 # on the path (python3.14 ... python3.12), else one pyenv has installed. Without any,
@@ -137,6 +142,20 @@ test-django60: $(TOX_STAMP)
 	else \
 		echo "[make] test-django60: Django 6.0 on $$($$py --version) ($$py)"; \
 		$(BIN)/tox -e django60 --discover "$$py" $(TOX_STRICT) $(TOX_ARGS); \
+	fi
+
+# The two environments above made and their packages installed, no test run: pip's work,
+# which needs no service (.ci/run runs it beside make test, then both targets with
+# TOX_RECREATE=). A missing Python >= 3.12 fails here as in test-django60, in CI.
+.PHONY: tox-envs
+tox-envs: $(TOX_STAMP)
+	@$(BIN)/tox --notest --recreate -e oldest $(TOX_STRICT)
+	@py=$$(scripts/find-python 3.12); \
+	if [ -z "$$py" ]; then \
+		echo "[make] tox-envs: the django60 environment was NOT made: no Python >= 3.12 was found"; \
+		if [ -n "$(CI)" ]; then exit 1; fi; \
+	else \
+		$(BIN)/tox --notest --recreate -e django60 --discover "$$py" $(TOX_STRICT); \
 	fi
 
 $(TOX_STAMP): $(STAMP)
