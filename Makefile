@@ -17,8 +17,9 @@
 #                           change: docs/contributing.md) once more, in every variant at
 #                           once: every alias through pgbouncer (as test-pooled), the
 #                           aliases named other than default (as test-app-alias), the
-#                           verified tenant context (as test-verified); CI runs it after
-#                           make test
+#                           verified tenant context (as test-verified); a marked test
+#                           that sends no statement through the library's aliases
+#                           fails there; CI runs it after make test
 #   make test-matrix        tox: the upstream-pinning tests and the contract on the oldest
 #                           allowed Django, DRF, psycopg, Celery/kombu (tox.ini; the newest
 #                           are make test's own, installed from pyproject.toml's ranges,
@@ -105,13 +106,14 @@ test-app-alias: $(STAMP)
 # Every deployment variant in one pass: every alias behind pgbouncer, the aliases renamed
 # (tests/settings_app_alias.py) and the verified tenant context, for the tests marked
 # `variants`: those whose outcome a variant can change (docs/contributing.md says which).
-# Each variant's own target stays for a run of its own (whole suites); CI runs this one
-# after make test. scripts/ci-count uses the same settings.
+# --check-variants fails a marked test that sends no statement through the library's
+# aliases (tests/variants_check.py). Each variant's own target stays for a run of its own
+# (whole suites); CI runs this one after make test. scripts/ci-count uses the same settings.
 .PHONY: test-variants
 test-variants: $(STAMP)
 	@DIO_POOLED=app,worker,system DIO_VERIFIED_CONTEXT=1 DJANGO_SETTINGS_MODULE=tests.settings_app_alias \
 		scripts/services run pg redis rabbitmq pgbouncer -- \
-		$(BIN)/python -m pytest -m variants $(PYTEST_ARGS)
+		$(BIN)/python -m pytest -m variants --check-variants $(PYTEST_ARGS)
 
 # The version matrix (tox.ini): the tests that pin other projects' behaviour, and the
 # contract, on the oldest Django 5.2.x, DRF, psycopg 3.x and Celery/kombu 5.x that

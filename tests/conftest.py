@@ -26,6 +26,11 @@ def pytest_addoption(parser):
     )
     parser.addoption("--order-seed", type=int, default=0,
                      help="the seed of --order=shuffle (printed in the header)")
+    parser.addoption(
+        "--check-variants", action="store_true",
+        help="fail a test marked `variants` that sends no statement through the library's"
+             " app, worker or system alias (make test-variants passes it: tests/variants_check.py)",
+    )
 
 
 def pytest_report_header(config):
@@ -36,14 +41,22 @@ def pytest_report_header(config):
 
 
 def pytest_configure(config):
-    """Processes the tests start write their output as it comes.
+    """Processes the tests start write their output as it comes; ``--check-variants``.
 
     Several tests wait for a line ("running", "ready.") in a subprocess's log
     file; Python buffers its output to a file in blocks, so without this the
     line arrives only at exit. (Set in root's environment on some machines,
     which hides the need.)
+
+    With ``--check-variants`` (make test-variants), a test marked ``variants``
+    that sends no statement through the library's aliases fails
+    (tests/variants_check.py).
     """
     os.environ["PYTHONUNBUFFERED"] = "1"
+    if config.getoption("check_variants"):
+        from tests.variants_check import VariantsCheck
+
+        config.pluginmanager.register(VariantsCheck(), "variants-check")
 
 
 def pytest_collection_modifyitems(config, items):

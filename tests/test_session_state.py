@@ -49,7 +49,8 @@ from tests.session_state import (
 from tests.tenancy.test_pinned_names import Direct
 from tests.testapp.models import Order
 
-pytestmark = pytest.mark.variants  # make test-variants runs it again (docs/contributing.md)
+# make test-variants runs the tests marked `variants` again: those that send a statement
+# through the library's aliases, which a deployment variant can change (docs/contributing.md).
 
 A, B = 1, 2  # alice's tenant left the state; bob's request comes next
 SCOPE = "order.create-published"
@@ -117,6 +118,7 @@ def server_pid(pooler: Pooler, alias: str) -> int:
         return conn.execute("SELECT pg_backend_pid()").fetchone()[0]
 
 
+@pytest.mark.variants
 def test_session_advisory_locks_left_behind_hold_nothing_back(pooler, alices_order):
     # Advisory locks are the database's, not a role's: each session takes its own.
     for n, alias in enumerate(aliases().values()):
@@ -154,6 +156,7 @@ LEFT_SETTINGS = [
 ]
 
 
+@pytest.mark.variants
 def test_session_settings_left_behind_change_nothing_for_the_next_tenant(pooler, alices_order):
     """pgbouncer resets what a borrower SET before the next one borrows the session
     (server_reset_query, docs/scaling.md): the next tenant's requests, the library's
@@ -196,6 +199,7 @@ def test_session_settings_left_behind_change_nothing_for_the_next_tenant(pooler,
     assert outside_any_context == 0  # no tenant left in the session, in either mode
 
 
+@pytest.mark.variants
 def test_an_empty_search_path_left_in_a_worker_session_stops_no_consumer_or_relay(
     bare_pooler, alices_order
 ):
@@ -225,6 +229,7 @@ def test_an_empty_search_path_left_in_a_worker_session_stops_no_consumer_or_rela
                             " WHERE name = 'relay:empty-path'").fetchone() == ("",)
 
 
+@pytest.mark.variants
 def test_prepared_statements_left_behind_are_never_run(pooler, alices_order):
     app = app_alias()
     pooler.leave(
@@ -244,6 +249,7 @@ def test_prepared_statements_left_behind_are_never_run(pooler, alices_order):
     assert {"_pg3_0", "_pg3_1", "lookup"} <= names
 
 
+@pytest.mark.variants
 def test_a_cursor_held_open_changes_nothing_for_the_next_tenant(pooler, alices_order):
     app = app_alias()
     with pooler.connect(app, autocommit=False) as conn:
@@ -256,6 +262,7 @@ def test_a_cursor_held_open_changes_nothing_for_the_next_tenant(pooler, alices_o
         assert conn.execute("FETCH ALL FROM held").fetchall() == [("alice's",)]
 
 
+@pytest.mark.variants
 def test_a_listening_session_hears_nothing_of_the_library_and_disturbs_nothing(
     pooler, alices_order
 ):
@@ -268,6 +275,7 @@ def test_a_listening_session_hears_nothing_of_the_library_and_disturbs_nothing(
         the_librarys_flows_for_tenant_2()
 
 
+@pytest.mark.variants
 def test_direct_connections_come_back_from_the_librarys_flows_holding_nothing(alices_order):
     names = aliases()
     with Direct().routed(*names.values()):
@@ -278,6 +286,7 @@ def test_direct_connections_come_back_from_the_librarys_flows_holding_nothing(al
             the_librarys_flows_for_tenant_2()
 
 
+@pytest.mark.variants
 def test_pooled_sessions_come_back_from_the_librarys_flows_holding_nothing(pooler, alices_order):
     names = aliases()
 

@@ -8,7 +8,8 @@ import pytest
 
 from tests.helpers import app_connection, count_rows, observer
 
-pytestmark = pytest.mark.variants  # make test-variants runs it again (docs/contributing.md)
+# make test-variants runs the tests marked `variants` again: those that send a statement
+# through the library's aliases, which a deployment variant can change (docs/contributing.md).
 
 
 def orders(where: str = "TRUE") -> int:
@@ -30,7 +31,12 @@ def problem(response) -> dict:
 # --- safe methods and the header ------------------------------------------------
 
 
-@pytest.mark.parametrize("key", [None, "k1"], ids=["without-a-key", "with-a-key"])
+# In the variants, with a key only: a safe method's key is never read (idempotency.flow.respond),
+# so both cases send the same statements.
+@pytest.mark.parametrize("key", [
+    pytest.param(None, id="without-a-key"),
+    pytest.param("k1", id="with-a-key", marks=pytest.mark.variants),
+])
 def test_safe_methods_need_no_key_run_as_the_tenant_and_store_nothing(client, key):
     assert client.order(key="first").status_code == 201  # alice's order, tenant 1
     assert client.order(key="first", user="bob").status_code == 201  # bob's, tenant 2
@@ -51,6 +57,7 @@ def test_a_missing_key_is_400_problem_json(client):
     assert orders() == 0
 
 
+@pytest.mark.variants
 def test_a_missing_key_is_allowed_where_the_view_says_so(client):
     response = client.order(key=None, path="/orders-optional/")
     assert response.status_code == 201
@@ -80,11 +87,13 @@ def test_invalid_keys_are_400(client, header):
     assert stored_keys() == []
 
 
+@pytest.mark.variants
 def test_a_255_character_key_is_accepted(client):
     assert client.order(key="k" * 255).status_code == 201
     assert stored_keys()[0][2] == "k" * 255
 
 
+@pytest.mark.variants
 def test_bare_and_quoted_keys_name_the_same_key(client):
     first = client.order(key="abc")
     again = client.order(key='"abc"')
@@ -93,6 +102,7 @@ def test_bare_and_quoted_keys_name_the_same_key(client):
     assert orders() == 1
 
 
+@pytest.mark.variants
 def test_quoted_keys_unescape(client):
     assert client.order(key='"a\\"b\\\\c"').status_code == 201
     assert stored_keys()[0][2] == 'a"b\\c'
@@ -101,6 +111,7 @@ def test_quoted_keys_unescape(client):
 # --- first request and replay ---------------------------------------------------
 
 
+@pytest.mark.variants
 def test_the_first_request_runs_once_and_is_stored(client):
     response = client.order(key="k1")
     assert response.status_code == 201
@@ -109,6 +120,7 @@ def test_the_first_request_runs_once_and_is_stored(client):
     assert stored_keys() == [(1, "order.create", "k1", "completed", 201)]
 
 
+@pytest.mark.variants
 def test_a_retry_replays_status_body_location_and_content_type(client):
     first = client.order(key="k1")
     again = client.order(key="k1")
@@ -121,6 +133,7 @@ def test_a_retry_replays_status_body_location_and_content_type(client):
     assert orders() == 1
 
 
+@pytest.mark.variants
 def test_a_replay_is_answered_from_the_key_even_if_the_handler_would_now_fail(client):
     client.order(key="k1")
     # Same request again: the handler is not run (it would create a second order).
@@ -129,6 +142,7 @@ def test_a_replay_is_answered_from_the_key_even_if_the_handler_would_now_fail(cl
     assert orders() == 1
 
 
+@pytest.mark.variants
 def test_keys_are_scoped_per_tenant(client):
     assert client.order(key="k1", user="alice").status_code == 201
     response = client.order(key="k1", user="bob")
@@ -138,6 +152,7 @@ def test_keys_are_scoped_per_tenant(client):
     assert [row[0] for row in stored_keys()] == [1, 2]
 
 
+@pytest.mark.variants
 def test_keys_are_scoped_per_operation(client):
     assert client.order(key="k1").status_code == 201  # scope order.create
     other = client.order(key="k1", path="/orders-short/", data={"sku": "coffee"})
@@ -148,6 +163,7 @@ def test_keys_are_scoped_per_operation(client):
     assert client.order(key="k1")["Idempotent-Replayed"] == "true"
 
 
+@pytest.mark.variants
 def test_the_default_scope_is_module_view_class_and_action(client):
     assert client.order(key="k1", path="/orders-default-scope/").status_code == 201
     assert [row[1] for row in stored_keys()] == [
@@ -165,6 +181,7 @@ def hooked(client, key="k1", user="alice", version="1", client_id="c1",
                            "X-Client": client_id})
 
 
+@pytest.mark.variants
 def test_the_scope_hook_names_the_operation_keys_are_unique_in(client):
     assert hooked(client, version="1").status_code == 201
     assert hooked(client, version="2").status_code == 201  # another scope: another request
@@ -173,6 +190,7 @@ def test_the_scope_hook_names_the_operation_keys_are_unique_in(client):
     assert orders() == 2
 
 
+@pytest.mark.variants
 def test_the_principal_hook_decides_who_is_asking(client):
     assert hooked(client, user="alice", client_id="c1").status_code == 201
     # Another user of the tenant through the same API client: the same principal.
@@ -182,6 +200,7 @@ def test_the_principal_hook_decides_who_is_asking(client):
     assert orders() == 1
 
 
+@pytest.mark.variants
 def test_the_fingerprint_hook_decides_what_makes_the_same_request(client):
     path = "/orders-hooked-fingerprint/"
     assert hooked(client, path=path, sent_at="10:00:00").status_code == 201
@@ -208,24 +227,28 @@ def assert_mismatch_keeps_original(client, first, response):
     assert again["Idempotent-Replayed"] == "true"
 
 
+@pytest.mark.variants
 def test_same_key_different_body_is_422_and_the_original_is_kept(client):
     first = client.order(key="k1")
     response = client.order(key="k1", data={"sku": "coffee", "quantity": 1})
     assert_mismatch_keeps_original(client, first, response)
 
 
+@pytest.mark.variants
 def test_same_key_different_path_is_422(client):
     first = client.order(key="k1")
     response = client.order(key="k1", path="/v2/orders/")
     assert_mismatch_keeps_original(client, first, response)
 
 
+@pytest.mark.variants
 def test_same_key_different_user_of_the_same_tenant_is_422(client):
     first = client.order(key="k1", user="alice")
     response = client.order(key="k1", user="amy")
     assert_mismatch_keeps_original(client, first, response)
 
 
+@pytest.mark.variants
 def test_same_key_different_method_is_422(client):
     first = client.order(key="k1", path="/orders-write/", data={"sku": "tea"})
     response = client.order(key="k1", path="/orders-write/", data={"sku": "tea"}, method="put")
@@ -235,6 +258,7 @@ def test_same_key_different_method_is_422(client):
     assert orders() == 1
 
 
+@pytest.mark.variants
 def test_key_order_and_whitespace_in_json_do_not_matter(client):
     client.post(
         "/orders/",
@@ -251,7 +275,10 @@ def test_key_order_and_whitespace_in_json_do_not_matter(client):
     assert again["Idempotent-Replayed"] == "true"
 
 
-@pytest.mark.parametrize("form", ["urlencoded", "multipart"])
+# In the variants, urlencoded only: the fingerprint is computed before any statement, and
+# both forms then meet the stored JSON request's row with the same statements.
+@pytest.mark.parametrize("form", [pytest.param("urlencoded", marks=pytest.mark.variants),
+                                  "multipart"])
 def test_the_same_fields_form_encoded_are_another_request_than_json(client, form):
     """docs/mixin.md: a form's values are lists of strings, JSON's are typed values."""
     first = client.order(key="k1", data={"sku": "tea", "quantity": 1})
@@ -265,6 +292,7 @@ def test_the_same_fields_form_encoded_are_another_request_than_json(client, form
     assert_mismatch_keeps_original(client, first, response)
 
 
+@pytest.mark.variants
 def test_a_form_encoded_retry_of_a_form_encoded_request_replays(client):
     def send():
         return client.post("/orders/", data="quantity=1&sku=tea",
@@ -276,6 +304,7 @@ def test_a_form_encoded_retry_of_a_form_encoded_request_replays(client):
     assert orders() == 1
 
 
+@pytest.mark.variants
 def test_the_422_problem_is_titled_unprocessable_content_on_this_python(client):
     """RFC 9110's name, which Python's http.HTTPStatus has only from 3.13 on."""
     client.order(key="k1")
@@ -287,6 +316,7 @@ def test_the_422_problem_is_titled_unprocessable_content_on_this_python(client):
 # --- bad bodies and uploads -------------------------------------------------------
 
 
+@pytest.mark.variants
 def test_a_malformed_json_body_is_400_and_not_recorded(client):
     response = client.post(
         "/orders/",
@@ -310,6 +340,7 @@ def upload(client, content: bytes, key="u1", sku="doc"):
     )
 
 
+@pytest.mark.variants
 def test_multipart_uploads_are_fingerprinted_by_file_digest(client):
     first = upload(client, b"hello")
     assert first.status_code == 201, first.content
@@ -324,6 +355,7 @@ def test_multipart_uploads_are_fingerprinted_by_file_digest(client):
 # --- failures -----------------------------------------------------------------------
 
 
+@pytest.mark.variants
 def test_a_handler_that_writes_then_raises_leaves_nothing_and_the_retry_runs(client):
     client.raise_request_exception = False
     response = client.order(key="k1", data={"sku": "tea", "quantity": 1, "then": "raise"})
@@ -335,12 +367,14 @@ def test_a_handler_that_writes_then_raises_leaves_nothing_and_the_retry_runs(cli
     assert orders() == 1
 
 
+@pytest.mark.variants
 def test_a_5xx_answer_is_not_stored_and_its_writes_roll_back(client):
     response = client.order(key="k1", data={"sku": "x", "then": "unavailable"})
     assert response.status_code == 503
     assert orders() == 0 and stored_keys() == []
 
 
+@pytest.mark.variants
 def test_a_final_4xx_is_stored_as_failed_replayed_and_its_writes_roll_back(client):
     response = client.order(key="k1", data={"sku": "tea", "quantity": 1, "then": "decline"})
     assert response.status_code == 402
@@ -351,6 +385,7 @@ def test_a_final_4xx_is_stored_as_failed_replayed_and_its_writes_roll_back(clien
     assert again["Idempotent-Replayed"] == "true"
 
 
+@pytest.mark.variants
 def test_a_validation_error_is_a_final_4xx(client):
     response = client.order(key="k1", data={"sku": "tea", "quantity": 0})
     assert response.status_code == 400
@@ -375,7 +410,12 @@ def answer(client, answer, key="k1"):
     return client.order(key=key, path="/answering/", data={"sku": "tea", "answer": answer})
 
 
-@pytest.mark.parametrize("status", [401, 403, 404, 408, 409, 425, 429])
+# In the variants, 409 only: classify() makes each of these statuses UNSTORED before any
+# statement depends on it, so every case sends the same statements through the alias.
+@pytest.mark.parametrize("status", [
+    pytest.param(status, marks=pytest.mark.variants) if status == 409 else status
+    for status in [401, 403, 404, 408, 409, 425, 429]
+])
 def test_the_unstored_statuses_are_not_stored(client, settings, answering, status):
     settings.IDEMPOTENCY = {}  # the default UNSTORED_STATUS_CODES
     assert answer(client, status).status_code == status
@@ -392,8 +432,12 @@ def test_unauthenticated_requests_are_401_before_the_key_is_looked_at(client):
     assert stored_keys() == []
 
 
-@pytest.mark.parametrize("path, status", [("/orders-refused/", 403), ("/orders-throttled/", 429)],
-                         ids=["permission", "throttle"])
+# In the variants, the permission only: DRF refuses in initial(), before the view and the key,
+# for both; what follows sends the same statements.
+@pytest.mark.parametrize("path, status", [
+    pytest.param("/orders-refused/", 403, id="permission", marks=pytest.mark.variants),
+    pytest.param("/orders-throttled/", 429, id="throttle"),
+])
 def test_drfs_refusals_come_before_the_key_and_leave_it_unused(client, settings, path, status):
     # Nothing unstored: a refusal that came after the key would be stored as failed.
     settings.IDEMPOTENCY = {"UNSTORED_STATUS_CODES": ()}
@@ -411,6 +455,7 @@ def messages() -> int:
     return count_rows("outbox_messages", "topic = 'order.placed'")
 
 
+@pytest.mark.variants
 def test_the_views_event_commits_with_its_answer_and_a_replay_publishes_nothing(
         client, answering):
     assert answer(client, 201).status_code == 201
@@ -419,6 +464,7 @@ def test_the_views_event_commits_with_its_answer_and_a_replay_publishes_nothing(
     assert messages() == 1 and answering == ["k1"]
 
 
+@pytest.mark.variants
 def test_a_final_4xx_keeps_no_event_nor_does_its_replay(client, answering):
     assert answer(client, "decline").status_code == 402
     assert stored_keys() == [(1, "order.answer", "k1", "failed", 402)]
@@ -427,7 +473,10 @@ def test_a_final_4xx_keeps_no_event_nor_does_its_replay(client, answering):
     assert messages() == 0 and answering == ["k1"]
 
 
-@pytest.mark.parametrize("outcome", ["raise", 500, 503])
+# In the variants, raise and 500: 503 takes 500's branch (classify(): 5xx) with the same
+# statements.
+@pytest.mark.parametrize("outcome", [pytest.param("raise", marks=pytest.mark.variants),
+                                     pytest.param(500, marks=pytest.mark.variants), 503])
 def test_a_5xx_keeps_no_event_and_the_retry_publishes_once(client, answering, outcome):
     client.raise_request_exception = False
     assert answer(client, outcome).status_code == (500 if outcome == "raise" else outcome)
@@ -444,6 +493,7 @@ def expire_all():
         conn.execute("UPDATE idempotency_keys SET expires_at = now() - interval '1 second'")
 
 
+@pytest.mark.variants
 def test_an_expired_but_unreaped_key_is_treated_as_new(client):
     client.order(key="k1")
     expire_all()
@@ -458,6 +508,7 @@ def test_an_expired_but_unreaped_key_is_treated_as_new(client):
     assert expires_in
 
 
+@pytest.mark.variants
 def test_the_ttl_is_per_view_and_set_by_the_database_clock(client):
     client.order(key="k1", path="/orders-short/")
     with observer() as conn:
@@ -465,6 +516,7 @@ def test_the_ttl_is_per_view_and_set_by_the_database_clock(client):
     assert ttl.total_seconds() == pytest.approx(1, abs=0.5)
 
 
+@pytest.mark.variants
 def test_the_ttl_setting_applies_to_views_without_their_own(client, settings):
     settings.IDEMPOTENCY = {"TTL": 3600}
     client.order(key="k1")
@@ -476,6 +528,7 @@ def test_the_ttl_setting_applies_to_views_without_their_own(client, settings):
 # --- settings for status codes -------------------------------------------------------
 
 
+@pytest.mark.variants
 def test_status_codes_are_settings(client, settings):
     settings.IDEMPOTENCY = {"STATUS_MISMATCH": 409}
     assert client.order(key=None).status_code == 400  # the draft's, not a setting
@@ -493,6 +546,7 @@ def atomic_requests():
     app_connection().settings_dict["ATOMIC_REQUESTS"] = False
 
 
+@pytest.mark.variants
 def test_under_atomic_requests_the_contract_holds(client, atomic_requests):
     client.raise_request_exception = False
     assert client.order(key="k1").status_code == 201
@@ -511,12 +565,14 @@ def test_under_atomic_requests_the_contract_holds(client, atomic_requests):
 # --- fingerprint details, hooks and the remaining settings ---------------------------
 
 
+@pytest.mark.variants
 def test_query_parameters_count_in_any_order(client):
     assert client.order(key="k1", path="/orders/?b=2&a=1").status_code == 201
     assert client.order(key="k1", path="/orders/?a=1&b=2")["Idempotent-Replayed"] == "true"
     assert client.order(key="k1", path="/orders/?a=2&b=2").status_code == 422
 
 
+@pytest.mark.variants
 def test_the_key_and_replay_hooks(client):
     refused = client.order(key="plain", path="/orders-hooked/")
     assert refused.status_code == 400 and "ord_" in problem(refused)["detail"]
@@ -525,6 +581,7 @@ def test_the_key_and_replay_hooks(client):
     assert replay["Idempotent-Replayed"] == "true" and replay["X-Replay-Count"] == "counted"
 
 
+@pytest.mark.variants
 def test_replayed_headers_are_a_setting_and_a_key_is_at_most_255_characters(client, settings):
     settings.IDEMPOTENCY = {"REPLAYED_HEADERS": ("Content-Type", "X-Not-Replayed")}
     assert client.order(key="k" * 256).status_code == 400

@@ -26,7 +26,8 @@ from tests.outbox.support.helpers import (
 )
 from tests.outbox.support.recorders import FAILING, OrderRecorder, PartitionedRecorder
 
-pytestmark = pytest.mark.variants  # make test-variants runs it again (docs/contributing.md)
+# make test-variants runs the tests marked `variants` again: those that send a statement
+# through the library's aliases, which a deployment variant can change (docs/contributing.md).
 
 A, B = 1, 2
 
@@ -35,6 +36,7 @@ def placed(*skus: str, tenant: int = A, **extra) -> list:
     return publish_many(tenant, "order.placed", [{"sku": s, **extra} for s in skus])
 
 
+@pytest.mark.variants
 def test_handler_writes_and_offset_commit_together():
     ids = placed("a", "b", "c")
     consumer = OrderRecorder()
@@ -45,6 +47,7 @@ def test_handler_writes_and_offset_commit_together():
     assert effects() == {str(i): 1 for i in ids}
 
 
+@pytest.mark.variants
 def test_handler_runs_as_the_messages_tenant():
     a = placed("a", tenant=A)[0]
     b = placed("b", tenant=B)[0]
@@ -54,6 +57,7 @@ def test_handler_runs_as_the_messages_tenant():
     assert rows == {str(a): A, str(b): B}
 
 
+@pytest.mark.variants
 def test_a_handler_that_raises_mid_batch_keeps_the_offset_at_the_last_good_message():
     FAILING.add("c")  # c fails until the test says otherwise
     ids = placed("a", "b", "c", "d")
@@ -71,6 +75,7 @@ def test_a_handler_that_raises_mid_batch_keeps_the_offset_at_the_last_good_messa
     assert offset("orders")[1] == 0
 
 
+@pytest.mark.variants
 def test_a_failing_head_message_waits_for_its_backoff(monkeypatch):
     monkeypatch.setattr(OrderRecorder, "retry_backoff", 3600)
     FAILING.add("a")
@@ -82,6 +87,7 @@ def test_a_failing_head_message_waits_for_its_backoff(monkeypatch):
     assert effects() == {}
 
 
+@pytest.mark.variants
 def test_the_retry_pause_doubles_up_to_its_maximum_while_the_partition_waits(monkeypatch):
     monkeypatch.setattr(OrderRecorder, "retry_backoff", 100)
     monkeypatch.setattr(OrderRecorder, "retry_backoff_max", 350)
@@ -103,6 +109,7 @@ def test_the_retry_pause_doubles_up_to_its_maximum_while_the_partition_waits(mon
     assert [seconds for _, seconds in pauses] == pytest.approx([100, 200, 350, 350], abs=5)
 
 
+@pytest.mark.variants
 def test_a_poison_message_is_parked_after_the_retry_limit_and_later_messages_flow(monkeypatch):
     monkeypatch.setattr(OrderRecorder, "max_attempts", 3)
     before = placed("a")
@@ -121,6 +128,7 @@ def test_a_poison_message_is_parked_after_the_retry_limit_and_later_messages_flo
     assert row.payload == {"sku": "poison", "poison": True}
 
 
+@pytest.mark.variants
 def test_parked_messages_are_invisible_to_other_tenants(monkeypatch):
     monkeypatch.setattr(OrderRecorder, "max_attempts", 1)
     placed("poison", poison=True, tenant=A)
@@ -131,6 +139,7 @@ def test_parked_messages_are_invisible_to_other_tenants(monkeypatch):
         assert conn.execute("SELECT count(*) FROM outbox_dead_letters").fetchone()[0] == 0
 
 
+@pytest.mark.variants
 def test_redriving_a_parked_message_handles_it_once_and_removes_it(monkeypatch):
     monkeypatch.setattr(OrderRecorder, "max_attempts", 1)
     FAILING.add("flaky")
@@ -145,6 +154,7 @@ def test_redriving_a_parked_message_handles_it_once_and_removes_it(monkeypatch):
     assert redrive("orders").handled == 0
 
 
+@pytest.mark.variants
 def test_redriving_a_message_that_fails_again_keeps_it_parked(monkeypatch):
     monkeypatch.setattr(OrderRecorder, "max_attempts", 1)
     placed("poison", poison=True)
@@ -155,6 +165,7 @@ def test_redriving_a_message_that_fails_again_keeps_it_parked(monkeypatch):
     assert effects() == {}
 
 
+@pytest.mark.variants
 def test_the_redrive_command_exits_non_zero_when_a_message_fails_again(monkeypatch, tmp_path):
     monkeypatch.setattr(OrderRecorder, "max_attempts", 1)
     placed("poison", poison=True)
@@ -169,6 +180,7 @@ def test_the_redrive_command_exits_non_zero_when_a_message_fails_again(monkeypat
     assert list_parked()[0].attempts == 2 and effects() == {}
 
 
+@pytest.mark.variants
 def test_parked_command_lists_and_redrives(monkeypatch, capsys):
     monkeypatch.setattr(OrderRecorder, "max_attempts", 1)
     FAILING.add("flaky")
@@ -185,6 +197,7 @@ def test_parked_command_lists_and_redrives(monkeypatch, capsys):
         call_command("outbox_parked", "nonsense", "--redrive")
 
 
+@pytest.mark.variants
 def test_without_its_offset_rows_a_batch_answers_locked_and_handles_nothing():
     placed("a")
     result = run_batch(OrderRecorder())
@@ -192,6 +205,7 @@ def test_without_its_offset_rows_a_batch_answers_locked_and_handles_nothing():
     assert effects() == {} and count_rows("consumer_offsets") == 0
 
 
+@pytest.mark.variants
 def test_a_partition_held_by_another_worker_is_skipped():
     placed("a")
     consumer = OrderRecorder()
@@ -202,6 +216,7 @@ def test_a_partition_held_by_another_worker_is_skipped():
     assert effects() == {}
 
 
+@pytest.mark.variants
 def test_partitions_keep_per_key_order_and_cover_every_message():
     keys = [f"k{i}" for i in range(6)]
     payloads = [{"sku": k, "seq": n} for n in range(5) for k in keys]
@@ -220,6 +235,7 @@ def test_partitions_keep_per_key_order_and_cover_every_message():
     assert used > 1  # the keys spread over several partitions
 
 
+@pytest.mark.variants
 def test_changing_the_partition_count_is_refused():
     consumer = PartitionedRecorder()
     ensure_offsets(consumer)
@@ -231,6 +247,7 @@ def test_changing_the_partition_count_is_refused():
         ensure_offsets(Fewer())
 
 
+@pytest.mark.variants
 def test_a_consumer_of_a_rare_topic_still_moves_past_other_messages():
     publish_many(A, "something.else", [{"n": n} for n in range(5)])
     consumer = OrderRecorder()
@@ -241,6 +258,7 @@ def test_a_consumer_of_a_rare_topic_still_moves_past_other_messages():
     assert effects() == {}
 
 
+@pytest.mark.variants
 def test_run_consumers_refuses_a_system_alias_confined_by_rls_and_handles_nothing(settings):
     """docs/operations.md: each cross-tenant job refuses such an alias, in one line."""
     from tenancy.aliases import app_alias
@@ -261,6 +279,7 @@ def test_unknown_consumer_names_are_refused():
         call_command("run_consumers", "nope", "--once")
 
 
+@pytest.mark.variants
 def test_run_consumers_once_drains_and_reports(capsys):
     ids = placed("a", "b")
     wait_for(lambda: call_command("run_consumers", "orders", "--once") is None
@@ -269,6 +288,7 @@ def test_run_consumers_once_drains_and_reports(capsys):
     assert "message(s) handled" in capsys.readouterr().out
 
 
+@pytest.mark.variants
 def test_a_new_consumer_started_now_with_the_documented_sql_skips_the_past():
     """docs/consumers.md, 'Adding a consumer to a running system'."""
     placed("old", "older")
@@ -287,6 +307,7 @@ def test_a_new_consumer_started_now_with_the_documented_sql_skips_the_past():
     assert effects() == {str(in_flight): 1, str(new[0]): 1}
 
 
+@pytest.mark.variants
 def test_the_documented_partition_change_starts_every_new_partition_at_the_lowest_position():
     """docs/consumers.md, 'Changing the number of partitions'."""
     keys = [f"k{i}" for i in range(6)]

@@ -45,7 +45,8 @@ from tests.outbox.support.helpers import (
 )
 from tests.outbox.support.recorders import OrderRecorder
 
-pytestmark = pytest.mark.variants  # make test-variants runs it again (docs/contributing.md)
+# make test-variants runs the tests marked `variants` again: those that send a statement
+# through the library's aliases, which a deployment variant can change (docs/contributing.md).
 
 A, B = 1, 2
 
@@ -113,7 +114,12 @@ def still_open_with_an_xid(conn: psycopg.Connection) -> bool:
     return conn.execute("SELECT pg_current_xact_id_if_assigned() IS NOT NULL").fetchone()[0]
 
 
-@pytest.mark.parametrize("database", [None, "postgres"], ids=["same database", "another database"])
+# In the variants, the same database only: the cases differ in the database a session of the
+# test's own writes in; the library's statements, all that a variant changes, are the same.
+@pytest.mark.parametrize("database", [
+    pytest.param(None, id="same database", marks=pytest.mark.variants),
+    pytest.param("postgres", id="another database"),
+])
 def test_an_unrelated_transaction_that_wrote_does_not_delay_delivery(database):
     with unrelated_transaction(database) as other:
         first = publish_as(A, "order.placed", {"sku": "a"})
@@ -127,6 +133,7 @@ def test_an_unrelated_transaction_that_wrote_does_not_delay_delivery(database):
     assert effects() == {str(first): 1, str(second): 1}
 
 
+@pytest.mark.variants
 def test_a_publishing_transaction_left_open_delays_only_its_own_tenants_later_messages():
     memory = InMemoryTransport()
     relay = Relay(memory, name="test")
@@ -157,6 +164,7 @@ def test_a_publishing_transaction_left_open_delays_only_its_own_tenants_later_me
     assert states["relay:test"].position.held == {} and states["orders"].position.held == {}
 
 
+@pytest.mark.variants
 def test_an_open_publisher_of_one_tenant_holds_back_none_of_many_others():
     """The multi-tenant promise: 20 other tenants' events flow while one tenant's stays open."""
     memory = InMemoryTransport()
@@ -187,6 +195,7 @@ def roll_back_a_publish(savepoints: str) -> None:
         transaction.savepoint_rollback(sid, using=app_alias())
 
 
+@pytest.mark.variants
 @pytest.mark.parametrize("savepoints", ["atomic", "manual"])
 @pytest.mark.parametrize("first_publish", ["in the savepoint", "before the savepoint"])
 def test_a_publish_after_a_rolled_back_savepoint_still_holds_its_tenant_back(savepoints,
@@ -209,6 +218,7 @@ def test_a_publish_after_a_rolled_back_savepoint_still_holds_its_tenant_back(sav
     assert [m.payload["sku"] for m in memory.sent if m.payload["sku"] == "dropped"] == []
 
 
+@pytest.mark.variants
 def test_out_of_order_commits_of_many_sessions_are_each_delivered_once_in_id_order():
     """Publishers commit in the reverse order of their ids while a relay keeps reading."""
     memory = InMemoryTransport()
@@ -239,6 +249,7 @@ def waiting_for_the_sequence(mode: str) -> bool:
         ).fetchone()[0] > 0
 
 
+@pytest.mark.variants
 def test_a_publisher_that_commits_while_a_reader_takes_the_fence_is_not_skipped():
     """The rows are read in a snapshot taken after the fence, not in the statement's own.
 
@@ -330,6 +341,7 @@ def readable(position: Position | None = None, limit: int = 100) -> list[uuid.UU
                                                                limit).messages)]
 
 
+@pytest.mark.variants
 def test_a_publisher_marks_its_tenants_and_a_bound_below_its_ids_until_it_ends():
     publish_as(A, "t", {})  # ids 1..: the bound of the next publisher is at least 1
     with connect() as conn:
@@ -344,6 +356,7 @@ def test_a_publisher_marks_its_tenants_and_a_bound_below_its_ids_until_it_ends()
     assert marks() == []
 
 
+@pytest.mark.variants
 def test_an_insert_that_names_its_own_id_is_refused():
     """An id below the readers' positions would never be delivered: the database gives ids."""
     last = message_position(publish_as(A, "t", {}))
@@ -386,7 +399,12 @@ STRAY_LOCKS = {
 }
 
 
-@pytest.mark.parametrize("form", list(STRAY_LOCKS))
+# In the variants, "all three" only: the forms differ in the locks a session of the test's own
+# holds; the library's statements, all that a variant changes, are the same for each.
+@pytest.mark.parametrize("form", [
+    pytest.param(form, marks=pytest.mark.variants) if form == "all three" else form
+    for form in STRAY_LOCKS
+])
 def test_a_session_lock_left_behind_holds_nothing_back(form):
     """Advisory locks that look like a publisher's marks, kept by a session after its
     transaction, hold nothing back: marks count only in a transaction writing to the
@@ -402,7 +420,12 @@ def test_a_session_lock_left_behind_holds_nothing_back(form):
             assert status().publishers == [] and status().held_back == 0
 
 
-@pytest.mark.parametrize("form", list(STRAY_LOCKS))
+# In the variants, "all three" only (as above: the forms differ in the locks left behind, not
+# in the library's statements).
+@pytest.mark.parametrize("form", [
+    pytest.param(form, marks=pytest.mark.variants) if form == "all three" else form
+    for form in STRAY_LOCKS
+])
 def test_a_session_lock_left_in_a_pooled_session_holds_nothing_back_for_the_next_borrower(form):
     """The same through pgbouncer in transaction mode, with one server session per pool:
     one borrower (as the web role) leaves the locks and hangs up; the next borrowers of
@@ -427,6 +450,7 @@ def test_a_session_lock_left_in_a_pooled_session_holds_nothing_back_for_the_next
         assert memory.message_ids == [str(first), str(second)]
 
 
+@pytest.mark.variants
 def test_a_session_lock_left_behind_holds_nothing_back_even_during_a_publishing_transaction():
     """Inside a transaction of that session that does publish (for tenant A), a stray mark
     naming tenant B still counts for nothing: B's mark has no proof that the trigger took it
@@ -441,7 +465,10 @@ def test_a_session_lock_left_behind_holds_nothing_back_even_during_a_publishing_
         conn.execute("COMMIT")
 
 
-@pytest.mark.parametrize("key", ["the tenant's", "the bound's"])
+# In the variants, the tenant's only: the cases differ in which key a session of the test's
+# own holds; the library's statements, all that a variant changes, are the same for both.
+@pytest.mark.parametrize("key", [pytest.param("the tenant's", marks=pytest.mark.variants),
+                                 "the bound's"])
 def test_a_key_held_exclusively_by_someone_else_blocks_no_publisher_and_passes_nothing(key):
     """Advisory locks belong to no one: a session may hold a mark's key exclusively.
     Publishers do not wait for it (a blocked bound or tenant mark is replaced by one that
@@ -467,6 +494,7 @@ def test_a_key_held_exclusively_by_someone_else_blocks_no_publisher_and_passes_n
     assert readable(Position(last)) == [own_id, uuid.UUID(later_a), uuid.UUID(later_b)]
 
 
+@pytest.mark.variants
 def test_a_row_marks_its_own_tenant_whatever_the_sessions_setting_says():
     """A role RLS does not confine (the owner, a maintenance script) may write a tenant's row
     with another tenant, or none, set: the mark still names the row's tenant."""
@@ -550,8 +578,12 @@ def _pose(conn: psycopg.Connection, statements: list[str]) -> None:
             conn.execute(statement)
 
 
+# In the variants, each posing directly only: the way changes how the posing session reaches
+# PostgreSQL (the pooled way is a pooler already), not the library's statements, all that a
+# variant changes; in the variants "direct" goes through the run's pgbouncer as well.
 @pytest.mark.parametrize("posing", list(POSING))
-@pytest.mark.parametrize("way", ["direct", "pooled", "prepared"])
+@pytest.mark.parametrize("way", [pytest.param("direct", marks=pytest.mark.variants),
+                                 "pooled", "prepared"])
 def test_a_transaction_that_never_published_for_a_tenant_holds_it_back_in_no_way(
     posing, way, request
 ):
@@ -586,6 +618,7 @@ def test_a_transaction_that_never_published_for_a_tenant_holds_it_back_in_no_way
                 look.execute(f"ROLLBACK PREPARED '{gid}'")
 
 
+@pytest.mark.variants
 def test_a_real_publishers_marks_are_proven_and_still_hold_its_own_tenant_back():
     """The counterpart: the trigger's own marks carry their proof, so an open publisher of
     B holds B's later messages back, as ever (and prepared, as well)."""
@@ -606,6 +639,7 @@ def test_the_reader_refuses_a_snapshot_isolation_that_would_reuse_its_snapshot()
             conn.execute("SELECT * FROM outbox_read_v2(0, '{}', 10, NULL, 0, 1)")
 
 
+@pytest.mark.variants
 def test_a_prepared_transaction_that_published_holds_its_tenant_back_until_it_commits(
     prepared_transactions, capsys
 ):
@@ -660,6 +694,7 @@ class PublishesNothing(OrderRecorder):
         assert memory.message_ids[-1] == newer
 
 
+@pytest.mark.variants
 def test_a_consumer_batch_in_flight_holds_nothing_back():
     from outbox.consumers import ensure_offsets, run_batch
 
@@ -671,6 +706,7 @@ def test_a_consumer_batch_in_flight_holds_nothing_back():
     assert relayed[0] == str(first) and len(relayed) == 2  # "newer" too, during the batch
 
 
+@pytest.mark.variants
 def test_a_role_with_insert_only_can_publish_no_grant_on_the_sequence():
     """The marking trigger runs as the tables' owner; a publisher needs INSERT, nothing more."""
     with observer() as conn:
@@ -697,6 +733,7 @@ def test_a_role_with_insert_only_can_publish_no_grant_on_the_sequence():
     relay_until(Relay(memory, name="test"), memory, 1)
 
 
+@pytest.mark.variants
 def test_a_forged_setting_cannot_let_a_reader_pass_an_open_publisher():
     """``outbox.publishing`` is an ordinary setting that any role may set: written by hand
     before publishing, it makes the trigger skip the bound's mark; the publisher's tenant is

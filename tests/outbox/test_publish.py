@@ -28,7 +28,8 @@ from tests.helpers import (
 from tests.outbox.support.helpers import ROOT, publish_as, raw_publish
 from tests.testapp.models import Order
 
-pytestmark = pytest.mark.variants  # make test-variants runs it again (docs/contributing.md)
+# make test-variants runs the tests marked `variants` again: those that send a statement
+# through the library's aliases, which a deployment variant can change (docs/contributing.md).
 
 A, B = 1, 2
 
@@ -45,11 +46,13 @@ def test_publish_without_a_tenant_raises():
     assert count_rows("outbox_messages") == 0
 
 
+@pytest.mark.variants
 def test_publish_rejects_an_empty_topic():
     with pytest.raises(ValueError, match="topic"), tenant_context(A):
         publish("", {})
 
 
+@pytest.mark.variants
 def test_the_message_commits_with_the_change_it_announces():
     with tenant_context(A):
         order = Order.objects.create(tenant_id=A, sku="a-1")
@@ -74,6 +77,7 @@ def test_the_message_commits_with_the_change_it_announces():
     assert row.created_at is not None
 
 
+@pytest.mark.variants
 def test_a_rolled_back_change_publishes_nothing():
     with pytest.raises(RuntimeError), tenant_context(A):
         Order.objects.create(tenant_id=A, sku="a-1")
@@ -82,6 +86,7 @@ def test_a_rolled_back_change_publishes_nothing():
     assert count_rows("outbox_messages") == 0
 
 
+@pytest.mark.variants
 def test_a_rolled_back_savepoint_takes_its_message_with_it():
     with tenant_context(A):
         kept = publish("order.placed", {"sku": "kept"})
@@ -96,6 +101,7 @@ def test_a_rolled_back_savepoint_takes_its_message_with_it():
     assert ids == [kept]
 
 
+@pytest.mark.variants
 def test_commit_wakes_the_relay_once_and_rollback_does_not():
     wake_up.clear()
     with pytest.raises(RuntimeError), tenant_context(A):
@@ -111,6 +117,7 @@ def test_commit_wakes_the_relay_once_and_rollback_does_not():
     assert wake_up.is_set()
 
 
+@pytest.mark.variants
 def test_on_commit_hook_setting_is_called_after_commit(settings):
     calls = []
     settings.OUTBOX = {**settings.OUTBOX, "ON_COMMIT": lambda: calls.append(1)}
@@ -120,11 +127,13 @@ def test_on_commit_hook_setting_is_called_after_commit(settings):
     assert calls == [1]
 
 
+@pytest.mark.variants
 def test_message_id_can_be_given():
     given = uuid.uuid4()
     assert publish_as(A, "order.placed", {}, message_id=given) == given
 
 
+@pytest.mark.variants
 def test_a_tenant_never_sees_another_tenants_messages():
     publish_as(A, "order.placed", {"sku": "a"})
     publish_as(B, "order.placed", {"sku": "b"})
@@ -145,6 +154,7 @@ def test_a_tenant_cannot_publish_as_another():
         )
 
 
+@pytest.mark.variants
 def test_messages_are_append_only_for_the_app_role():
     publish_as(A, "order.placed", {})
     for statement in ("UPDATE outbox_messages SET topic = 'x'", "DELETE FROM outbox_messages"):

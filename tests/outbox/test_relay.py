@@ -20,7 +20,8 @@ from tests.helpers import count_rows, observer
 from tests.outbox.support.helpers import effects, offset, publish_as, publish_many, wait_for
 from tests.testapp.models import Order
 
-pytestmark = pytest.mark.variants  # make test-variants runs it again (docs/contributing.md)
+# make test-variants runs the tests marked `variants` again: those that send a statement
+# through the library's aliases, which a deployment variant can change (docs/contributing.md).
 
 A, B = 1, 2
 
@@ -29,6 +30,7 @@ def drain_until(relay: Relay, memory: InMemoryTransport, count: int) -> None:
     wait_for(lambda: relay.drain() >= 0 and len(memory.sent) >= count, f"{count} sent")
 
 
+@pytest.mark.variants
 def test_relay_sends_every_tenants_messages_in_order_with_their_envelope():
     first = publish_as(A, "order.placed", {"sku": "a"}, key="order:1", aggregate_type="order",
                        aggregate_id=1, headers={"trace": "x"})
@@ -46,6 +48,7 @@ def test_relay_sends_every_tenants_messages_in_order_with_their_envelope():
     assert len(memory.sent) == 2
 
 
+@pytest.mark.variants
 def test_relay_batches_and_resumes_from_its_offset():
     ids = publish_many(A, "t", [{"n": n} for n in range(25)])
     memory = InMemoryTransport()
@@ -59,6 +62,7 @@ def test_relay_batches_and_resumes_from_its_offset():
     assert fresh.message_ids == [str(more[0])]
 
 
+@pytest.mark.variants
 def test_broker_down_backs_off_and_retries_skipping_nothing(caplog):
     ids = publish_many(A, "t", [{"n": n} for n in range(3)])
     memory = InMemoryTransport(failures=3)
@@ -71,6 +75,7 @@ def test_broker_down_backs_off_and_retries_skipping_nothing(caplog):
     assert offset("relay:test")[0] > 0
 
 
+@pytest.mark.variants
 def test_a_second_relay_waits_while_the_first_holds_the_lease():
     publish_many(A, "t", [{"n": 1}])
     first, second = InMemoryTransport(), InMemoryTransport()
@@ -84,6 +89,7 @@ def test_a_second_relay_waits_while_the_first_holds_the_lease():
     assert [m.payload for m in second.sent] == [{"n": 2}]
 
 
+@pytest.mark.variants
 def test_a_relay_that_lost_its_lease_does_not_move_the_offset():
     publish_many(A, "t", [{"n": 1}])
     memory = InMemoryTransport()
@@ -98,6 +104,7 @@ def test_a_relay_that_lost_its_lease_does_not_move_the_offset():
     assert offset("relay:test")[0] == 99
 
 
+@pytest.mark.variants
 def test_relay_pending_helper_for_users_tests():
     published = publish_as(A, "order.placed", {"sku": "x"})
     wait_for(lambda: str(published) in [str(m.message_id) for m in relay_pending()],
@@ -124,12 +131,14 @@ def test_celery_transport_needs_a_task_for_every_topic(settings):
         transport.task_for("other")
 
 
+@pytest.mark.variants
 def test_relay_refuses_a_reader_under_row_level_security(settings):
     settings.TENANCY = {**settings.TENANCY, "SYSTEM_DATABASE": app_alias()}
     with pytest.raises(ImproperlyConfigured, match="row-level security"):
         Relay(InMemoryTransport(), name="test").drain()
 
 
+@pytest.mark.variants
 def test_receiver_handles_a_message_once_however_often_it_arrives():
     message_id = publish_as(A, "order.placed", {"sku": "r"})
     envelope = Message(1, message_id, A, "order.placed", {"sku": "r"}).envelope()
@@ -146,6 +155,7 @@ def test_receiver_handles_a_message_once_however_often_it_arrives():
     assert ran  # each receiver handles each message once
 
 
+@pytest.mark.variants
 def test_a_failing_receiver_rolls_back_its_record_so_the_retry_runs():
     envelope = Message(1, uuid.uuid4(), A, "order.placed", {}).envelope()
 
@@ -160,6 +170,7 @@ def test_a_failing_receiver_rolls_back_its_record_so_the_retry_runs():
     assert ran
 
 
+@pytest.mark.variants
 def test_relay_outbox_command_once(settings, capsys):
     settings.OUTBOX = {**settings.OUTBOX, "TRANSPORT": "outbox.transports.LoggingTransport"}
     publish_many(A, "t", [{"n": 1}])
@@ -167,6 +178,7 @@ def test_relay_outbox_command_once(settings, capsys):
     assert "message(s) sent" in capsys.readouterr().out
 
 
+@pytest.mark.variants
 def test_a_relay_whose_lease_another_relay_took_stops_sending(caplog):
     publish_many(A, "t", [{"n": 1}])
     memory = InMemoryTransport()

@@ -7,7 +7,8 @@ import pytest
 from tenancy import GUC, current_tenant_id, tenant_context, validate_tenant_id
 from tests.helpers import app_atomic, app_connection
 
-pytestmark = pytest.mark.variants  # make test-variants runs it again (docs/contributing.md)
+# make test-variants runs the tests marked `variants` again: those that send a statement
+# through the library's aliases, which a deployment variant can change (docs/contributing.md).
 
 
 def guc() -> str | None:
@@ -34,6 +35,7 @@ def test_a_bad_id_is_refused_before_any_transaction_starts():
     assert not app_connection().in_atomic_block
 
 
+@pytest.mark.variants
 def test_the_context_is_a_transaction_with_the_setting_local_to_it():
     assert not app_connection().in_atomic_block
     with tenant_context(7):
@@ -44,6 +46,7 @@ def test_the_context_is_a_transaction_with_the_setting_local_to_it():
     assert guc() in (None, "")
 
 
+@pytest.mark.variants
 def test_nesting_restores_the_outer_value_and_then_nothing():
     with app_atomic():
         with tenant_context(1):
@@ -58,6 +61,7 @@ def test_nesting_restores_the_outer_value_and_then_nothing():
         assert current_tenant_id() is None
 
 
+@pytest.mark.variants
 def test_an_exception_in_a_nested_context_reverts_with_the_savepoint():
     with tenant_context(1):
         with pytest.raises(RuntimeError), tenant_context(2):

@@ -24,7 +24,8 @@ from tests.helpers import (
 from tests.testapp.factories import OrderFactory
 from tests.testapp.models import Order
 
-pytestmark = pytest.mark.variants  # make test-variants runs it again (docs/contributing.md)
+# make test-variants runs the tests marked `variants` again: those that send a statement
+# through the library's aliases, which a deployment variant can change (docs/contributing.md).
 
 A, B = 1, 2
 
@@ -47,6 +48,7 @@ def insert_key(cursor, tenant_id: int, key: str = "k") -> None:
     )
 
 
+@pytest.mark.variants
 def test_without_a_tenant_reads_see_nothing_orm(orders):
     with app_atomic():
         assert Order.objects.count() == 0
@@ -63,11 +65,13 @@ def test_without_a_tenant_inserts_are_rejected():
         insert_key(conn.cursor(), A)
 
 
+@pytest.mark.variants
 def test_without_a_tenant_orm_inserts_are_rejected():
     with pytest.raises(Exception, match="row-level security"), app_atomic():
         Order.objects.create(tenant_id=A, sku="x")
 
 
+@pytest.mark.variants
 def test_a_tenant_reads_only_its_own_rows_orm(orders):
     with tenant_context(A):
         assert list(Order.objects.values_list("sku", flat=True)) == ["a-1"]
@@ -75,6 +79,7 @@ def test_a_tenant_reads_only_its_own_rows_orm(orders):
         assert list(Order.objects.values_list("sku", flat=True)) == ["b-1"]
 
 
+@pytest.mark.variants
 def test_a_tenant_cannot_read_another_tenants_row_even_by_id(orders):
     _, b = orders
     with tenant_context(A):
@@ -84,6 +89,7 @@ def test_a_tenant_cannot_read_another_tenants_row_even_by_id(orders):
         assert cur.fetchone()[0] == 0
 
 
+@pytest.mark.variants
 def test_a_tenant_cannot_update_another_tenants_rows(orders):
     _, b = orders
     with tenant_context(A):
@@ -95,12 +101,14 @@ def test_a_tenant_cannot_update_another_tenants_rows(orders):
         assert Order.objects.get(pk=b.pk).sku == "b-1"
 
 
+@pytest.mark.variants
 def test_a_tenant_cannot_move_its_row_to_another_tenant(orders):
     a, _ = orders
     with pytest.raises(Exception, match="row-level security"), tenant_context(A):
         Order.objects.filter(pk=a.pk).update(tenant_id=B)
 
 
+@pytest.mark.variants
 def test_a_tenant_cannot_delete_another_tenants_rows(orders):
     _, b = orders
     with tenant_context(A):
@@ -112,6 +120,7 @@ def test_a_tenant_cannot_delete_another_tenants_rows(orders):
         assert Order.objects.filter(pk=b.pk).exists()
 
 
+@pytest.mark.variants
 def test_a_tenant_cannot_insert_rows_for_another_tenant():
     with pytest.raises(Exception, match="row-level security"), tenant_context(A):
         Order.objects.create(tenant_id=B, sku="forged")
@@ -132,6 +141,7 @@ def test_the_same_key_in_two_tenants_is_two_independent_rows():
             assert cur.fetchall() == [(A,)]
 
 
+@pytest.mark.variants
 def test_the_tenant_does_not_leak_to_the_next_transaction_on_the_connection(orders):
     with tenant_context(A):
         assert Order.objects.count() == 1
@@ -143,6 +153,7 @@ def test_the_tenant_does_not_leak_to_the_next_transaction_on_the_connection(orde
         assert cursor.fetchone()[0] == 0
 
 
+@pytest.mark.variants
 def test_leaving_a_nested_context_restores_the_outer_tenant(orders):
     with tenant_context(A):
         with tenant_context(B):
@@ -150,6 +161,7 @@ def test_leaving_a_nested_context_restores_the_outer_tenant(orders):
         assert list(Order.objects.values_list("sku", flat=True)) == ["a-1"]
 
 
+@pytest.mark.variants
 def test_a_nested_context_inside_a_plain_atomic_block_restores_no_tenant(orders):
     with app_atomic():
         with tenant_context(B):
@@ -157,6 +169,7 @@ def test_a_nested_context_inside_a_plain_atomic_block_restores_no_tenant(orders)
         assert Order.objects.count() == 0
 
 
+@pytest.mark.variants
 def test_a_nested_context_that_fails_restores_the_outer_tenant(orders):
     with tenant_context(A):
         with pytest.raises(DatabaseError), tenant_context(B):

@@ -28,7 +28,8 @@ from tests.helpers import app_connection, connect, count_rows, observer
 from tests.tenancy.test_pinned_names import Direct, temporary_allowed  # noqa: F401
 from tests.wire import wire
 
-pytestmark = pytest.mark.variants  # make test-variants runs it again (docs/contributing.md)
+# make test-variants runs the tests marked `variants` again: those that send a statement
+# through the library's aliases, which a deployment variant can change (docs/contributing.md).
 
 A, B = 1, 2
 
@@ -59,6 +60,7 @@ def keep_connection() -> pytest.MonkeyPatch:
     return patch
 
 
+@pytest.mark.variants
 @direct_only
 def test_statements_prepared_earlier_on_a_kept_connection_are_never_executed(fresh):
     api = APIClient()
@@ -84,6 +86,7 @@ def test_statements_prepared_earlier_on_a_kept_connection_are_never_executed(fre
     assert count_rows("idempotency_keys") == 1 and count_rows("outbox_messages") == 1
 
 
+@pytest.mark.variants
 def test_statements_left_in_a_pooled_session_by_another_tenant_are_never_executed(pooler):
     app = app_alias()
     with pooler.routed(app):
@@ -122,6 +125,7 @@ def test_the_web_role_cannot_replace_the_hot_statements_functions(function):
                 conn.execute(attempt)
 
 
+@pytest.mark.variants
 @direct_only
 def test_a_function_of_the_same_name_in_pg_temp_stands_in_for_none_of_them(
     fresh, temporary_allowed  # noqa: F811 (the fixture): TEMPORARY granted, as by default
@@ -148,6 +152,7 @@ def test_a_function_of_the_same_name_in_pg_temp_stands_in_for_none_of_them(
     assert again.headers.get("Idempotent-Replayed") == "true" and again.content == first.content
 
 
+@pytest.mark.variants
 def test_every_statement_is_seen_by_djangos_execute_wrappers_and_query_log():
     """Query logging (CaptureQueriesContext) and execute wrappers see the library's
     statements as they see the ORM's: the tools built on them (debug toolbar, database
@@ -210,6 +215,7 @@ def test_query_logging_started_inside_a_tenant_context_sees_its_next_statements(
     assert len(captured.captured_queries) == 1 and len(again.captured_queries) == 1
 
 
+@pytest.mark.variants
 @direct_only
 def test_a_column_type_a_migration_changed_is_read_again_by_the_open_sessions(fresh):
     """A migration that changes a column of the key's row while connections stay open
