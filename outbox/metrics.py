@@ -14,7 +14,7 @@ from typing import Any
 from django_idempotency_outbox.metrics import Instruments, add_collector, upkeep
 
 __all__ = [
-    "OutboxCollector", "consumed", "instruments", "parked", "published", "register", "relayed",
+    "OutboxCollector", "consumed", "instruments", "parked", "register", "relayed",
     "upkeep",
 ]
 
@@ -54,12 +54,6 @@ def register() -> None:
     """
     instruments()
     add_collector(OutboxCollector)
-
-
-def published(topic: str) -> None:
-    m = instruments()
-    if m is not None:
-        m.published.labels(topic).inc()
 
 
 def relayed(relay: str, count: int) -> None:

@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import connections
 from django.utils.module_loading import import_string
 
 from django_idempotency_outbox import tracing
@@ -101,10 +101,11 @@ def publish(
         # looking for ours among the pending hooks is always accurate. Django
         # has no public way to ask; its pending hooks are (savepoint ids,
         # callable, robust) tuples, which tests/outbox/test_upstream.py pins.
-        transaction.on_commit(_kick, using=alias)
-    if metrics.instruments() is not None:
+        connection.on_commit(_kick)
+    counters = metrics.instruments()
+    if counters is not None:
         # Counted when it commits: a rolled-back savepoint drops the hook.
-        transaction.on_commit(lambda: metrics.published(topic), using=alias)
+        connection.on_commit(counters.published.labels(topic).inc)
     return message_id
 
 
