@@ -2,8 +2,9 @@
 
 The wheel is the one ``make dist`` builds (``make dist DIST=<directory>``), put
 where the page's step 1 says and installed by the page's own ``pip install``
-line, with its dependencies from the package index, into a virtualenv of the
-test's own. Each page's blocks run in order, in a new directory:
+line, with its dependencies from the package index, into a new virtualenv,
+which the module's tests share: each runs the line again (a no-op unless a
+page removed something). Each page's blocks run in order, in a new directory:
 
 - a ``python`` or ``ini`` block whose first line is ``# path`` is written to
   that file; ``# path (at the end)`` is appended to it;
@@ -166,11 +167,11 @@ def check_output(command: Command, out: str) -> None:
 class Project:
     """A new project directory, its virtualenv, and the pages' names made unique."""
 
-    def __init__(self, tmp: Path, dist: Path) -> None:
+    def __init__(self, tmp: Path, dist: Path, venv: Path) -> None:
         run = uuid.uuid4().hex[:8]
         self.dir = tmp / "project"
         self.dir.mkdir()
-        self.venv = tmp / "venv"
+        self.venv = venv
         self.logs = tmp / "logs"
         self.logs.mkdir()
         self.dist = dist
@@ -365,9 +366,19 @@ def dist(tmp_path_factory) -> Path:
     return where
 
 
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory) -> Path:
+    """The virtualenv the pages' tests share (installing into a new one took each about
+    ten seconds). The first test, getting started's, installs into it new; each later
+    one runs the page's ``pip install`` line again, which puts back anything a page
+    removed (the events page uninstalls Celery) and finds what an earlier page added
+    (the Celery extra's dependencies)."""
+    return tmp_path_factory.mktemp("gs") / "venv"
+
+
 @pytest.fixture
-def project(tmp_path, dist):
-    made = Project(tmp_path, dist)
+def project(tmp_path, dist, venv):
+    made = Project(tmp_path, dist, venv)
     try:
         made.give_the_superuser_a_password()
         yield made
@@ -380,7 +391,9 @@ def getting_started(project: Project) -> None:
     """Step 1 says where the wheel goes; the rest is the page, as written."""
     assert f"`{WHEEL}`" in PAGE.read_text(), f"the page should name {WHEEL}"
     shutil.copy(project.dist / WHEEL, project.dir / WHEEL)
-    subprocess.run([sys.executable, "-m", "venv", str(project.venv)], check=True, timeout=120)
+    if not (project.venv / "bin" / "python").exists():
+        subprocess.run([sys.executable, "-m", "venv", str(project.venv)], check=True,
+                       timeout=120)
     project.follow(PAGE)
 
 
