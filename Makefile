@@ -227,10 +227,8 @@ docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --clean --site-dir site
 
 # The packaging tools live in their own group and stamp, like the docs tools.
-$(DIST_STAMP): pyproject.toml
+$(DIST_STAMP): $(STAMP) pyproject.toml
 	@echo "[make] installing the packaging tools (dependency group 'dist') into $(VENV)"
-	@$(BIN)/python -m pip --version >/dev/null 2>&1 || $(PYTHON) -m venv --clear $(VENV)
-	@$(BIN)/python -m pip install -q --disable-pip-version-check -U "pip>=25.1"
 	@$(BIN)/python -m pip install -q --disable-pip-version-check --group dist
 	@touch $(DIST_STAMP)
 
