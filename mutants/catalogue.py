@@ -1835,8 +1835,8 @@ CATALOGUE: list[Mutant] = [
         "debezium.signed-as-published", "outbox.debezium",
         "the publisher signs the values as a receiver decodes them from the stored jsonb",
         "outbox/debezium.py",
-        "payload=_as_stored(payload), headers=_as_stored(headers))",
-        "payload=payload, headers=headers)",
+        '"payload": _as_stored(fields["payload"]), "headers": _as_stored(headers)}',
+        '"payload": fields["payload"], "headers": headers}',
         (OUTBOX + "test_debezium.py::test_the_publishers_signature_verifies_as_a_receiver_decodes"
          "_the_record",),
     ),

@@ -79,17 +79,18 @@ def _unsigned(headers: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in headers.items() if k != SIGNATURE_HEADER}
 
 
-def signed_headers(*, message_id: uuid.UUID, tenant_id: int, topic: str, key: str | None,
-                   aggregate_type: str | None, aggregate_id: str | None, payload: Any,
-                   headers: dict[str, Any]) -> dict[str, Any]:
+def signed_headers(fields: Mapping[str, Any], headers: dict[str, Any]) -> dict[str, Any]:
     """``headers`` with the publisher's signature, when a slot carries the messages.
 
-    ``publish()`` calls it for every message. Unless ``OUTBOX["REPLICATION_SLOT"]``
-    and ``OUTBOX["SIGNING_KEYS"]`` are both set it returns ``headers`` as they
-    are. Otherwise it adds :data:`SIGNATURE_HEADER`: an HMAC-SHA256, with the
-    first key, of everything the envelope says but the message's id and
-    ``created_at`` (the database gives those after the signature is made),
-    taken over the values as a receiver decodes them from the stored jsonb.
+    ``publish()`` calls it for every message, with the message's other columns
+    (``fields``: ``message_id``, ``tenant_id``, ``topic``, ``key``,
+    ``aggregate_type``, ``aggregate_id``, ``payload``). Unless
+    ``OUTBOX["REPLICATION_SLOT"]`` and ``OUTBOX["SIGNING_KEYS"]`` are both set it
+    returns ``headers`` as they are. Otherwise it adds :data:`SIGNATURE_HEADER`:
+    an HMAC-SHA256, with the first key, of everything the envelope says but the
+    message's id and ``created_at`` (the database gives those after the
+    signature is made), taken over the values as a receiver decodes them from
+    the stored jsonb.
 
     Raises:
         TypeError: the payload or headers are not JSON-serialisable.
@@ -99,10 +100,8 @@ def signed_headers(*, message_id: uuid.UUID, tenant_id: int, topic: str, key: st
     keys = outbox_settings.SIGNING_KEYS
     if not keys:
         return headers
-    mark = _mac(keys[0], message_id=message_id, tenant_id=tenant_id, topic=topic, key=key,
-                aggregate_type=aggregate_type, aggregate_id=aggregate_id,
-                payload=_as_stored(payload), headers=_as_stored(headers))
-    return {**headers, SIGNATURE_HEADER: mark}
+    stored = {**fields, "payload": _as_stored(fields["payload"]), "headers": _as_stored(headers)}
+    return {**headers, SIGNATURE_HEADER: _mac(keys[0], **stored)}
 
 
 def verify(data: Mapping[str, Any], keys: Sequence[SigningKey] | None = None) -> None:

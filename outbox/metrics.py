@@ -8,7 +8,7 @@ are read at scrape time (:class:`OutboxCollector`), never kept up to date.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from django_idempotency_outbox.metrics import Instruments, add_collector, upkeep
@@ -38,6 +38,15 @@ class OutboxInstruments(Instruments):
         self.parked = Counter(
             "dio_outbox_parked", "Messages parked in the dead-letter table.", ["consumer"]
         )
+        self._published_by_topic: dict[str, Callable[[], None]] = {}
+
+    def published_count(self, topic: str) -> Callable[[], None]:
+        """What counts one message of ``topic`` as published (kept per topic: ``labels()``
+        takes a lock, and ``publish()`` asks for every message)."""
+        count = self._published_by_topic.get(topic)
+        if count is None:
+            count = self._published_by_topic[topic] = self.published.labels(topic).inc
+        return count
 
 
 def instruments() -> OutboxInstruments | None:

@@ -15,7 +15,7 @@ from django_idempotency_outbox import tracing
 from outbox import debezium, metrics, store
 from outbox.conf import outbox_settings
 from outbox.exceptions import NoTenant, NotInTransaction
-from tenancy import current_tenant_id
+from tenancy.context import tenant_of
 from tenancy.aliases import tenant_alias
 
 logger = logging.getLogger("outbox")
@@ -77,7 +77,7 @@ def publish(
             f"outbox.publish({topic!r}) must run inside transaction.atomic() (or "
             "tenant_context()): the message has to commit with the change it announces."
         )
-    tenant_id = current_tenant_id(using=alias)
+    tenant_id = tenant_of(connection)
     if tenant_id is None:
         raise NoTenant(
             f"outbox.publish({topic!r}) needs a tenant: call it inside tenant_context(tenant_id)."
@@ -93,8 +93,8 @@ def publish(
     fields = {"tenant_id": tenant_id, "message_id": message_id, "topic": topic, "key": key,
               "aggregate_type": aggregate_type, "aggregate_id": aggregate, "payload": payload}
     # Signed here when Debezium carries the messages (no relay signs them).
-    signed = debezium.signed_headers(**fields, headers=tracing.inject(dict(headers or {})))
-    store.insert_message(alias, **fields, headers=signed)
+    signed = debezium.signed_headers(fields, tracing.inject(dict(headers or {})))
+    store.insert_message(alias, fields, signed)
     if not any(entry[1] is _kick for entry in connection.run_on_commit):
         # One wake-up per transaction, however many messages it publishes.
         # Django drops the hooks of a rolled-back transaction or savepoint, so
@@ -105,7 +105,7 @@ def publish(
     counters = metrics.instruments()
     if counters is not None:
         # Counted when it commits: a rolled-back savepoint drops the hook.
-        connection.on_commit(counters.published.labels(topic).inc)
+        connection.on_commit(counters.published_count(topic))
     return message_id
 
 

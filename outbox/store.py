@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -156,29 +156,19 @@ def _jsonb(value: Any) -> Any:
 _to_jsonb = DjangoJSONEncoder().encode
 
 
-def insert_message(
-    using: str,
-    *,
-    tenant_id: int,
-    message_id: uuid.UUID,
-    topic: str,
-    key: str | None,
-    aggregate_type: str | None,
-    aggregate_id: str | None,
-    payload: Any,
-    headers: dict[str, Any],
-) -> None:
+def insert_message(using: str, fields: Mapping[str, Any], headers: dict[str, Any]) -> None:
     """Write one message in the caller's transaction, as the current tenant.
+
+    ``fields`` are its other columns, as ``publish()`` gathers them
+    (``tenant_id``, ``message_id``, ``topic``, ``key``, ``aggregate_type``,
+    ``aggregate_id``, ``payload``).
 
     Raises:
         TypeError: the payload or headers are not JSON-serialisable (before
             anything is sent to the database).
     """
-    params = {
-        "tenant_id": tenant_id, "message_id": message_id, "topic": topic, "key": key,
-        "aggregate_type": aggregate_type, "aggregate_id": aggregate_id,
-        "payload": _to_jsonb(payload), "headers": _to_jsonb(headers) if headers else "{}",
-    }
+    params = {**fields, "payload": _to_jsonb(fields["payload"]),
+              "headers": _to_jsonb(headers) if headers else "{}"}
     affected(using, SQL["publish"], params)
 
 

@@ -48,24 +48,30 @@ def validate_tenant_id(tenant_id: Any) -> int:
     return int(tenant_id)
 
 
-#: The tenants of the open contexts, innermost last, per connection wrapper
-#: (Django's wrappers are per thread). Weak keys: a closed-and-dropped
-#: wrapper takes its stack with it.
-_stacks: weakref.WeakKeyDictionary[Any, list[int]] = weakref.WeakKeyDictionary()
-_stacks_lock = threading.Lock()
+class _Contexts:
+    """A connection wrapper's open tenant contexts: their tenants, innermost last, and
+    the Django cursor the library's statements share inside them (closed when the
+    first context leaves)."""
+
+    __slots__ = ("stack", "cursor", "__weakref__")
+
+    def __init__(self) -> None:
+        self.stack: list[int] = []
+        self.cursor: Any = None
 
 
-def _stack(connection: Any) -> list[int]:
-    stack = _stacks.get(connection)
-    if stack is None:
-        with _stacks_lock:
-            stack = _stacks.setdefault(connection, [])
-    return stack
+#: Per connection wrapper (Django's wrappers are per thread). Weak keys: a
+#: closed-and-dropped wrapper takes its contexts with it.
+_contexts: weakref.WeakKeyDictionary[Any, _Contexts] = weakref.WeakKeyDictionary()
+_contexts_lock = threading.Lock()
 
 
-#: The Django cursor the library's statements share inside a transaction's tenant
-#: contexts, per connection wrapper; closed when the first context leaves.
-_cursors: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+def _open(connection: Any) -> _Contexts:
+    contexts = _contexts.get(connection)
+    if contexts is None:
+        with _contexts_lock:
+            contexts = _contexts.setdefault(connection, _Contexts())
+    return contexts
 
 
 def context_cursor(connection: Any) -> Any:
@@ -77,18 +83,22 @@ def context_cursor(connection: Any) -> Any:
     cursor, because a new one is made whenever Django would make another
     kind (``CaptureQueriesContext`` entered, the connection opened anew).
     """
-    if not connection.in_atomic_block or not _stack(connection):
+    if not connection.in_atomic_block:
         return None
-    cursor = _cursors.get(connection)
+    contexts = _open(connection)
+    if not contexts.stack:
+        return None
+    cursor = contexts.cursor
     if (cursor is None or cursor.cursor.closed
             or cursor.cursor.connection is not connection.connection
             or isinstance(cursor, CursorDebugWrapper) != connection.queries_logged):
-        cursor = _cursors[connection] = connection.cursor()
+        cursor = contexts.cursor = connection.cursor()
     return cursor
 
 
 def _close_cursor(connection: Any) -> None:
-    cursor = _cursors.pop(connection, None)
+    contexts = _open(connection)
+    cursor, contexts.cursor = contexts.cursor, None
     if cursor is not None:
         with suppress(connection.Database.Error):  # as Django's cursor does on leaving a block
             cursor.close()
@@ -368,7 +378,7 @@ def tenant_context(tenant_id: int, *, using: str | None = None) -> Iterator[int]
     first = True
     try:
         with holding(alias, caller_holds or opening), transaction.atomic(using=alias):
-            stack = _stack(connection)
+            stack = _open(connection).stack
             if outermost:
                 stack.clear()  # left over from a transaction that ended under us
             first = not stack
@@ -396,8 +406,12 @@ def tenant_context(tenant_id: int, *, using: str | None = None) -> Iterator[int]
 
 def current_tenant_id(using: str | None = None) -> int | None:
     """The tenant set by the innermost open :func:`tenant_context`, or None."""
-    connection = connections[tenant_alias(using)]
+    return tenant_of(connections[tenant_alias(using)])
+
+
+def tenant_of(connection: Any) -> int | None:
+    """:func:`current_tenant_id` of a connection wrapper the caller holds already."""
     if not connection.in_atomic_block:
         return None
-    stack = _stack(connection)
+    stack = _open(connection).stack
     return stack[-1] if stack else None

@@ -137,9 +137,11 @@ def test_metrics_off_counts_nothing_and_the_view_is_404(client, settings):
 
 def test_published_counts_only_what_commits():
     before = sample("dio_outbox_published_total", topic="order.placed")
+    paid = sample("dio_outbox_published_total", topic="order.paid")
     publish_as(1, "order.placed", {"sku": "a"})
     with tenant_context(1):
         publish("order.placed", {"sku": "kept"})
+        publish("order.paid", {"sku": "kept"})  # each topic its own count
         try:
             with transaction.atomic():
                 publish("order.placed", {"sku": "rolled back"})
@@ -153,6 +155,7 @@ def test_published_counts_only_what_commits():
     except RuntimeError:
         pass
     assert sample("dio_outbox_published_total", topic="order.placed") - before == 2
+    assert sample("dio_outbox_published_total", topic="order.paid") - paid == 1
 
 
 def test_consumed_parked_and_relayed_count_what_committed():
