@@ -15,8 +15,8 @@ from django_idempotency_outbox import tracing
 from outbox import debezium, metrics, store
 from outbox.conf import outbox_settings
 from outbox.exceptions import NoTenant, NotInTransaction
-from tenancy.context import tenant_of
 from tenancy.aliases import tenant_alias
+from tenancy.context import tenant_of
 
 logger = logging.getLogger("outbox")
 
