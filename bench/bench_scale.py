@@ -177,6 +177,10 @@ QUICK: dict[str, Any] = {
     "behind": 50_000,
 }
 
+#: The catching-up consumer's lower priority in the consumers phase's third run
+#: (what docs/scaling.md advises for a consumer that has to catch up).
+BEHIND_NICE = 10
+
 PHASES = ["keys", "pooled", "reaper", "churn", "tenants", "backlog", "retention", "consumers"]
 
 #: Per-table autovacuum settings tried against PostgreSQL's defaults in the churn
@@ -455,10 +459,19 @@ LUA_HEAD = f"""
 wrk.method = "POST"
 wrk.body = '{BODY}'
 wrk.headers["Content-Type"] = "application/json"
-local threads = 0
+local threads, all = 0, {{}}
 function setup(thread)
   threads = threads + 1
   thread:set("tid", threads)
+  all[threads] = thread
+end
+-- each answer that was not 2xx: "<status> <first 200 characters of its body>", at most 5
+bad, bad_count = "", 0
+function response(status, headers, body)
+  if status >= 300 and bad_count < 5 then
+    bad_count = bad_count + 1
+    bad = bad .. "\\nBAD " .. status .. " " .. string.sub(body or "", 1, 200):gsub("%s+", " ")
+  end
 end
 local tenants, think, keys = 1000, 0, {{}}
 local function uuid4()
@@ -497,6 +510,10 @@ function done(summary, latency, requests)
     summary.requests, summary.errors.status,
     summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
     latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.max))
+  for _, thread in ipairs(all) do
+    io.write(thread:get("bad") or "")
+  end
+  io.write("\\n")
 end
 """
 
@@ -538,7 +555,8 @@ def parse_wrk(out: str, seconds: float) -> dict[str, float]:
     rate = re.search(r"Requests/sec:\s+([\d.]+)", out)
     return {"rate": float(rate.group(1)) if rate else requests / seconds, "requests": requests,
             "non2xx": non2xx, "errors": errors, "p50": p50 / 1000, "p90": p90 / 1000,
-            "p99": p99 / 1000, "max": worst / 1000}
+            "p99": p99 / 1000, "max": worst / 1000,
+            "bad": re.findall(r"^BAD (.*)$", out, re.M)}
 
 
 _SEED = iter(range(1, 10**9))
@@ -562,6 +580,8 @@ def run_wrk(wrk: str, url: str, kind: str, *, connections_: int, seconds: float,
         os.unlink(script)
     web1, db1 = cpu_seconds(workers), cpu_seconds(backends)
     result = parse_wrk(out, seconds)
+    for answer in result["bad"]:
+        log(f"    not 2xx ({kind}): {answer}")
     if (result["non2xx"] or result["errors"]) and not allow_errors:
         sys.exit(f"bench: {result['non2xx']:.0f} answers were not 2xx, {result['errors']:.0f} "
                  f"socket errors ({kind} on {url})\n{out}")
@@ -1052,11 +1072,12 @@ class Publishers:
 
 
 def start_process(args: list[str], log_path: Path | None = None,
-                  env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """``manage.py ARGS`` with the bench's settings, in a process of its own."""
+                  env: dict[str, str] | None = None, nice: int = 0) -> subprocess.Popen[bytes]:
+    """``manage.py ARGS`` with the bench's settings, in a process of its own (at ``nice``)."""
     out = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
     return subprocess.Popen(
-        [sys.executable, "manage.py", *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+        [*(["nice", "-n", str(nice)] if nice else []), sys.executable, "manage.py", *args],
+        cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
         env={**os.environ, "DJANGO_SETTINGS_MODULE": SETTINGS, **(env or {})})
 
 
@@ -1549,7 +1570,8 @@ def phase_consumers(args: argparse.Namespace, results: Results) -> None:
     client = bench_outbox.broker()
     names = [c.name for c in TAILS]
     runs: dict[str, Any] = {}
-    for label, behind in (("alone", 0), ("one behind", args.behind)):
+    for label, behind, nice in (("alone", 0, 0), ("one behind", args.behind, 0),
+                                (f"one behind, at nice {BEHIND_NICE}", args.behind, BEHIND_NICE)):
         outbox_reset()
         for consumer in [*names, "behind"]:
             latencies(client, consumer)
@@ -1564,7 +1586,7 @@ def phase_consumers(args: argparse.Namespace, results: Results) -> None:
         logs = [Path(tempfile.mkstemp(prefix="dio-scale-consumer.", suffix=".log")[1])
                 for _ in range(len(names) + 1)]
         procs = [start_process(["run_consumers", consumer], path,
-                               {"DIO_SCALE_CONSUMERS": "all"})
+                               {"DIO_SCALE_CONSUMERS": "all"}, nice if consumer == "behind" else 0)
                  for consumer, path in zip([*names, *(["behind"] if behind else [])], logs,
                                            strict=False)]
         try:
