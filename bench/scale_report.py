@@ -337,7 +337,8 @@ class Report:
         for i, (label, run) in enumerate(runs.items()):
             ax.bar([j + i * width for j in range(len(names))],
                    [run["consumers"][c]["p99"] for c in names], width, label=f"p99, {label}")
-        ax.set(xticks=[j + width / 2 for j in range(len(names))], xticklabels=names,
+        ax.set(xticks=[j + width * (len(runs) - 1) / 2 for j in range(len(names))],
+               xticklabels=names,
                ylabel="ms", title="each consumer's publish → handle p99")
         ax.legend()
         self.save(fig, "consumers")

@@ -53,7 +53,7 @@ class _Contexts:
     the Django cursor the library's statements share inside them (closed when the
     first context leaves)."""
 
-    __slots__ = ("stack", "cursor", "__weakref__")
+    __slots__ = ("stack", "cursor")
 
     def __init__(self) -> None:
         self.stack: list[int] = []
@@ -97,7 +97,9 @@ def context_cursor(connection: Any) -> Any:
 
 
 def _close_cursor(connection: Any) -> None:
-    contexts = _open(connection)
+    contexts = _contexts.get(connection)
+    if contexts is None:
+        return
     cursor, contexts.cursor = contexts.cursor, None
     if cursor is not None:
         with suppress(connection.Database.Error):  # as Django's cursor does on leaving a block
