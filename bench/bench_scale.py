@@ -177,9 +177,9 @@ QUICK: dict[str, Any] = {
     "behind": 50_000,
 }
 
-#: The catching-up consumer's lower priority in the consumers phase's third run
-#: (docs/scaling.md says what it did and did not change).
-BEHIND_NICE = 10
+#: The catching-up consumer's ``max_rate`` (messages a second) in the consumers phase's
+#: third run: ten times the stream's rate, so that it still catches up.
+BEHIND_RATE = 2000
 
 PHASES = ["keys", "pooled", "reaper", "churn", "tenants", "backlog", "retention", "consumers"]
 
@@ -1073,12 +1073,11 @@ class Publishers:
 
 
 def start_process(args: list[str], log_path: Path | None = None,
-                  env: dict[str, str] | None = None, nice: int = 0) -> subprocess.Popen[bytes]:
-    """``manage.py ARGS`` with the bench's settings, in a process of its own (at ``nice``)."""
+                  env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """``manage.py ARGS`` with the bench's settings, in a process of its own."""
     out = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
     return subprocess.Popen(
-        [*(["nice", "-n", str(nice)] if nice else []), sys.executable, "manage.py", *args],
-        cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+        [sys.executable, "manage.py", *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
         env={**os.environ, "DJANGO_SETTINGS_MODULE": SETTINGS, **(env or {})})
 
 
@@ -1571,8 +1570,9 @@ def phase_consumers(args: argparse.Namespace, results: Results) -> None:
     client = bench_outbox.broker()
     names = [c.name for c in TAILS]
     runs: dict[str, Any] = {}
-    for label, behind, nice in (("alone", 0, 0), ("one behind", args.behind, 0),
-                                (f"one behind, at nice {BEHIND_NICE}", args.behind, BEHIND_NICE)):
+    for label, behind, rate in (("alone", 0, 0), ("one behind", args.behind, 0),
+                                (f"one behind, max_rate {BEHIND_RATE:,}", args.behind,
+                                 BEHIND_RATE)):
         outbox_reset()
         for consumer in [*names, "behind"]:
             latencies(client, consumer)
@@ -1587,7 +1587,8 @@ def phase_consumers(args: argparse.Namespace, results: Results) -> None:
         logs = [Path(tempfile.mkstemp(prefix="dio-scale-consumer.", suffix=".log")[1])
                 for _ in range(len(names) + 1)]
         procs = [start_process(["run_consumers", consumer], path,
-                               {"DIO_SCALE_CONSUMERS": "all"}, nice if consumer == "behind" else 0)
+                               {"DIO_SCALE_CONSUMERS": "all",
+                                "DIO_SCALE_BEHIND_RATE": str(rate) if rate else ""})
                  for consumer, path in zip([*names, *(["behind"] if behind else [])], logs,
                                            strict=False)]
         try:

@@ -99,9 +99,11 @@ for _cls in TAILS:
 
 
 class Behind(Tail):
-    """The consumer that starts far behind the others."""
+    """The consumer that starts far behind the others (paced by ``DIO_SCALE_BEHIND_RATE``,
+    messages a second, when set)."""
 
     name: ClassVar[str] = "behind"
+    max_rate = float(os.environ.get("DIO_SCALE_BEHIND_RATE") or 0) or None
 
 
 def latencies(client: redis.Redis, consumer: str) -> list[float]:

@@ -265,6 +265,24 @@ CATALOGUE: list[Mutant] = [
         (O_CLAIMS, OUTBOX + "test_consumers.py", OUTBOX + "test_ordering.py"),
     ),
     mutant(
+        "consumer.max-rate-ignored", "outbox.consumers",
+        "a consumer's max_rate spaces its partition's batches",
+        "outbox/consumers.py",
+        "ready_at[consumer.name, partition] = started + result.handled / consumer.max_rate",
+        "ready_at[consumer.name, partition] = started",
+        (OUTBOX + "test_consumers.py",),
+    ),
+    mutant(
+        "consumer.max-rate-stalls-the-process", "outbox.consumers",
+        "a paced consumer's wait does not hold back the other consumers of its process",
+        "outbox/consumers.py",
+        "                paced.append(ready_at[consumer.name, partition])\n"
+        "                continue\n",
+        "                time.sleep(ready_at[consumer.name, partition] - started)\n"
+        "                started = time.monotonic()\n",
+        (OUTBOX + "test_consumers.py",),
+    ),
+    mutant(
         "consumer.attempts-reset", "outbox.consumers",
         "a failing message is retried, then parked after MAX_ATTEMPTS",
         "outbox/consumers.py",

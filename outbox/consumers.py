@@ -13,6 +13,7 @@ then parked; its error is kept in its tenant's row of
 from __future__ import annotations
 
 import logging
+import time
 import traceback
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -80,6 +81,12 @@ class Consumer:
             keepalives and ``tcp_user_timeout``, set for the batch's
             transaction only), which releases its partition; 0 leaves the
             server's settings alone (docs/consumers.md, "Workers that vanish").
+        max_rate: messages a second each partition handles at most, None for
+            as many as it can: a consumer catching up on a long backlog then
+            leaves the machine to the consumers that are keeping up
+            (docs/scaling.md). A batch runs when the one before it has been
+            paid for at this rate; other consumers of the process run
+            meanwhile.
     """
 
     name: ClassVar[str] = ""
@@ -90,6 +97,7 @@ class Consumer:
     retry_backoff: ClassVar[float] = 1.0
     retry_backoff_max: ClassVar[float] = 300.0
     lost_after: ClassVar[float] = 3.0
+    max_rate: ClassVar[float | None] = None
 
     def handle(self, message: Message) -> None:
         raise NotImplementedError(f"{type(self).__name__}.handle() is not implemented")
@@ -120,6 +128,11 @@ def validate(consumer: Consumer) -> Consumer:
         if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
             raise ConsumerConfigError(f"{consumer.name}: {attribute} must be a number of "
                                       f"seconds, 0 or more, not {value!r}")
+    rate = consumer.max_rate
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int | float)
+                             or not 0 < rate < float("inf")):
+        raise ConsumerConfigError(f"{consumer.name}: max_rate must be a number of messages a "
+                                  f"second above 0, or None, not {rate!r}")
     if consumer.topics is not None and (
         isinstance(consumer.topics, str) or not all(isinstance(t, str) for t in consumer.topics)
     ):
@@ -371,20 +384,34 @@ def run_consumers(
     work = [(c, p) for c in consumers for p in range(c.partitions)]
     total = 0
     turn = 0
+    #: When each paced partition (its consumer's max_rate) may run its next batch.
+    ready_at: dict[tuple[str, int], float] = {}
+    stop = stop or threading.Event()
 
     def step() -> bool:
         nonlocal total, turn
         busy = False
+        paced: list[float] = []
         # Start from a different partition each round, so that two workers
         # started together do not keep colliding on the same rows.
         turn = (turn + 1) % max(len(work), 1)
         for consumer, partition in work[turn:] + work[:turn]:
+            started = time.monotonic()
+            if ready_at.get((consumer.name, partition), started) > started:
+                paced.append(ready_at[consumer.name, partition])
+                continue
             result = run_batch(consumer, partition)
             total += result.handled
             busy = busy or result.full
+            if consumer.max_rate is not None and result.handled:
+                ready_at[consumer.name, partition] = started + result.handled / consumer.max_rate
+        if paced and not busy:
+            # A paced partition has more to do: wait for the first of them, but
+            # poll the others at least every POLL_INTERVAL.
+            stop.wait(min(min(paced) - time.monotonic(), outbox_settings.POLL_INTERVAL))
+            return True
         return busy
 
-    stop = stop or threading.Event()
     with stop_on_signals(stop):
         run_loop(step, name="run_consumers", stop=stop, wake_up=wake_up, once=once)
     return total

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
@@ -335,10 +337,47 @@ def test_a_consumers_batch_attempts_backoff_and_watch_are_its_attributes(monkeyp
     from outbox.consumers import Consumer, validate
 
     assert (Consumer.batch_size, Consumer.max_attempts, Consumer.retry_backoff,
-            Consumer.retry_backoff_max, Consumer.lost_after) == (500, 5, 1.0, 300.0, 3.0)
+            Consumer.retry_backoff_max, Consumer.lost_after,
+            Consumer.max_rate) == (500, 5, 1.0, 300.0, 3.0, None)
     for attribute, value in [("batch_size", 0), ("max_attempts", True), ("retry_backoff", -1),
-                             ("lost_after", "3s")]:
+                             ("lost_after", "3s"), ("max_rate", 0), ("max_rate", float("inf"))]:
         monkeypatch.setattr(OrderRecorder, attribute, value)
         with pytest.raises(ConsumerConfigError, match=f"orders: {attribute} must be"):
             validate(OrderRecorder())
         monkeypatch.undo()
+
+
+def test_a_paced_consumer_keeps_to_its_max_rate_and_its_process_other_consumers_do_not_wait():
+    """docs/consumers.md: ``max_rate`` spaces a partition's batches; the other consumers of
+    the process run meanwhile."""
+    from outbox.consumers import Consumer, run_consumers
+
+    handled: dict[str, list[float]] = {"paced": [], "quick": []}
+
+    class Paced(Consumer):
+        name = "paced"
+        topics = ["order.paced"]
+        batch_size = 10
+        max_rate = 20  # a batch of 10 every 0.5 s
+
+        def handle(self, message):
+            handled["paced"].append(time.monotonic())
+
+    class Quick(Consumer):
+        name = "quick"
+        topics = ["order.placed"]
+        batch_size = 10
+
+        def handle(self, message):
+            handled["quick"].append(time.monotonic())
+
+    publish_many(A, "order.paced", [{"sku": f"p{n}"} for n in range(40)])
+    placed(*(f"q{n}" for n in range(40)))
+    assert run_consumers([Paced(), Quick()], once=True) == 80
+    paced, quick = handled["paced"], handled["quick"]
+    assert len(paced) == len(quick) == 40
+    # Four batches, each 0.5 s after the one before: 1.5 s from the first to the last
+    # (less the first batch's read, a few ms); unpaced, all of it takes a few ms.
+    assert paced[-1] - paced[0] > 1.4
+    # The other consumer did not wait for the paced one's second batch.
+    assert quick[-1] < paced[0] + 0.5
