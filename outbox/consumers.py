@@ -81,12 +81,13 @@ class Consumer:
             keepalives and ``tcp_user_timeout``, set for the batch's
             transaction only), which releases its partition; 0 leaves the
             server's settings alone (docs/consumers.md, "Workers that vanish").
-        max_rate: messages a second each partition handles at most, None for
-            as many as it can: a consumer catching up on a long backlog then
-            leaves the machine to the consumers that are keeping up
-            (docs/scaling.md). A batch runs when the one before it has been
-            paid for at this rate; other consumers of the process run
-            meanwhile.
+        max_rate: messages a second each partition handles at most in one
+            ``run_consumers`` process, None for as many as it can: a consumer
+            catching up on a long backlog then leaves the machine to the
+            consumers that are keeping up (docs/scaling.md). A batch runs when
+            the one before it has been paid for at this rate; other consumers
+            of the process run meanwhile. Processes that share the consumer
+            pace themselves each.
     """
 
     name: ClassVar[str] = ""
